@@ -42,5 +42,6 @@ check-sync: setup
 	$(BIN)/nbdev_clean && git diff --exit-code -- nbs
 	$(PY) scripts/make_readme.py --check
 
+# the docs site: every notebook in nbs/ rendered into docs/ (open docs/index.html); scratch files in build/docs
 docs: setup
 	$(PY) scripts/build_docs.py
