@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Render every notebook in nbs/ into a static HTML site (`nbdev_docs` needs quarto, which cannot be installed here).
 
-    python scripts/build_docs.py [--site docs] [--build build/docs] [--nbs nbs] [--quiet]
+    python scripts/build_docs.py [--site docs] [--build build/docs] [--nbs nbs] [--add NB ...] [--quiet]
 
 1. nbdev's notebook processors (the pipeline `nbdev_proc_nbs` runs, `FilterDefaults`) write `BUILD/_proc/*.ipynb`:
    the title cell becomes frontmatter, exported symbols get `show_doc` API tables, directives are applied and
@@ -95,14 +95,14 @@ def process_notebook(src: Path, dst: Path, rel: Path, filt) -> str | None:
     nbdev_clean(fname=str(dst))
     return module
 
-def process_notebooks(nbs: Path, proc: Path, files: list[Path]) -> dict:
+def process_notebooks(sources: dict, proc: Path) -> dict:
     "Run the processors on each notebook into `proc`; returns {rel_path: default_exp module or None}."
     os.environ.setdefault("IN_TEST", "1")  # what nbdev's own docs driver sets while it executes show_doc cells
     import nbdev.showdoc as showdoc
     if proc.exists(): shutil.rmtree(proc)
     filt, default_renderer = docs_filter(), showdoc.BasicMarkdownRenderer
     showdoc.BasicMarkdownRenderer = table_renderer(default_renderer)  # show_doc's default, for this build only
-    try: return {rel: process_notebook(nbs/rel, proc/rel, rel, filt) for rel in files}
+    try: return {rel: process_notebook(src, proc/rel, rel, filt) for rel, src in sources.items()}
     finally: showdoc.BasicMarkdownRenderer = default_renderer
 
 def _md_cell(v) -> str:
@@ -257,8 +257,8 @@ import yaml  # noqa: E402  (PyYAML: a dependency of mkdocs and nbdev)
 
 class Page:
     "One processed notebook rendered to a markdown page (`render`), plus the files its outputs need (`assets`)."
-    def __init__(self, rel: Path, nb: dict, module: str | None, ctx: dict):
-        self.rel, self.nb, self.module, self.ctx = rel, nb, module, ctx
+    def __init__(self, rel: Path, src: Path, nb: dict, module: str | None, ctx: dict):
+        self.rel, self.src, self.nb, self.module, self.ctx = rel, src, nb, module, ctx
         self.name = ctx["names"][rel]  # e.g. "config" or "sub/thing"
         self.assets: dict[str, bytes] = {}
         self.fm: dict = {}
@@ -303,7 +303,22 @@ class Page:
                 self.assets[fn] = b64.encode() if ext == "svg" else base64.b64decode(_text(b64))
                 src = src.replace(f"attachment:{name}", fn)
                 break
-        return self.md(src, i)
+        return self.local_files(self.md(src, i))
+
+    _LOCAL_REF_RE = re.compile(r"""(!\[[^\]]*\]\(|<img\s[^>]*?src=["'])([^)"'\s]+)""")
+
+    def local_files(self, md: str) -> str:
+        "Images the markdown takes from outside nbs/ (`../benchmarks/results/x.png`) are copied into the site."
+        def sub(m):
+            ref = m.group(2)
+            if re.match(r"^[a-z][a-z0-9+.-]*:|^/|^#", ref): return m.group(0)
+            f = (self.src.parent/ref).resolve()
+            if not f.is_file() or f.is_relative_to(self.ctx["nbs"]): return m.group(0)
+            key = f.relative_to(ROOT).as_posix() if f.is_relative_to(ROOT) else \
+                hashlib.sha1(str(f).encode()).hexdigest()[:10] + "/" + f.name
+            self.ctx["ext_files"][f"ext/{key}"] = f
+            return m.group(1) + posixpath.relpath(f"ext/{key}", posixpath.dirname(self.name) or ".")
+        return self._LOCAL_REF_RE.sub(sub, md)
 
     def code_cell(self, i, cell) -> str:
         d, src = split_directives(_text(cell.get("source", "")))
@@ -477,14 +492,20 @@ def check_site_dir(site: Path):
         if kids and "sitemap.xml" not in kids and "index.html" not in kids:
             raise SystemExit(f"build_docs: {site} is not empty and holds no previous site build; not emptying it")
 
-def build(nbs: Path, build_dir: Path, site: Path, quiet: bool = False) -> dict:
+def build(nbs: Path, build_dir: Path, site: Path, quiet: bool = False, add: list | None = None) -> dict:
     t0 = time.time()
     from nbdev.config import get_config
     cfg = get_config()
     nbs, build_dir, site = nbs.resolve(), build_dir.resolve(), site.resolve()
     check_site_dir(site)
-    files = list_notebooks(nbs)
-    if not files: raise SystemExit(f"build_docs: no notebooks in {nbs}")
+    sources = {rel: nbs/rel for rel in list_notebooks(nbs)}
+    for f in add or []:  # extra notebooks, rendered as if they sat in nbs/ (the tests add a fixture chapter)
+        f = Path(f).resolve()
+        if Path(f.name) in sources: raise SystemExit(f"build_docs: --add {f}: {f.name} is already in {nbs}")
+        sources[Path(f.name)] = f
+    if not sources: raise SystemExit(f"build_docs: no notebooks in {nbs}")
+    files = sorted(sources, key=lambda p: (p.as_posix() != "index.ipynb", p.as_posix()))
+    sources = {rel: sources[rel] for rel in files}
     names = {rel: page_name(rel) for rel in files}
     dup = {n for n in names.values() if list(names.values()).count(n) > 1}
     if dup: raise SystemExit(f"build_docs: notebooks in {nbs} map to the same page name(s) {sorted(dup)}")
@@ -493,10 +514,10 @@ def build(nbs: Path, build_dir: Path, site: Path, quiet: bool = False) -> dict:
            "lib_path": Path(str(cfg.lib_path)).name,
            "nbs_label": os.path.relpath(nbs, ROOT) if nbs.is_relative_to(ROOT) else str(nbs),
            "title": cfg.get("title", cfg.get("lib_name", "docs")), "description": cfg.get("description", ""),
-           "warn": Warnings()}
+           "warn": Warnings(), "nbs": nbs, "ext_files": {}}
 
     proc = build_dir/"_proc"
-    mods = process_notebooks(nbs, proc, files)
+    mods = process_notebooks(sources, proc)
     t_proc = time.time() - t0
 
     pages_dir = build_dir/"pages"
@@ -510,13 +531,15 @@ def build(nbs: Path, build_dir: Path, site: Path, quiet: bool = False) -> dict:
         (pages_dir/rel).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(f, pages_dir/rel)
     pages = []
     for rel in files:
-        p = Page(rel, json.loads((proc/rel).read_text()), mods[rel], ctx)
+        p = Page(rel, sources[rel], json.loads((proc/rel).read_text()), mods[rel], ctx)
         text = p.render()
         out = pages_dir/(p.name + ".md")
         out.parent.mkdir(parents=True, exist_ok=True); out.write_text(text)
         for fn, data in p.assets.items():
             dest = out.parent/fn; dest.parent.mkdir(parents=True, exist_ok=True); dest.write_bytes(data)
         pages.append(p)
+    for key, f in sorted(ctx["ext_files"].items()):
+        (pages_dir/key).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(f, pages_dir/key)
 
     conf = mkdocs_config(pages, ctx, build_dir, site)
     (build_dir/"mkdocs.yml").write_text("# generated by scripts/build_docs.py: edit that script, not this file\n"
@@ -545,11 +568,13 @@ def main(argv=None):
     ap.add_argument("--nbs", default=str(ROOT/"nbs"), help="notebook folder (default: nbs/)")
     ap.add_argument("--build", default=str(ROOT/"build"/"docs"), help="scratch folder: _proc/, pages/, mkdocs.yml")
     ap.add_argument("--site", default=str(ROOT/"docs"), help="output folder of the HTML site (default: docs/)")
+    ap.add_argument("--add", action="append", default=[], metavar="NB",
+                    help="also render this notebook, as if it were in nbs/ (repeatable; the tests add a fixture)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     os.chdir(ROOT)  # nbdev reads settings.ini from the working directory
     if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
-    build(Path(a.nbs), Path(a.build), Path(a.site), a.quiet)
+    build(Path(a.nbs), Path(a.build), Path(a.site), a.quiet, a.add)
     return 0
 
 if __name__ == "__main__": sys.exit(main())

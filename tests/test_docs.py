@@ -1,11 +1,11 @@
 """The docs site: `scripts/build_docs.py` renders every notebook of nbs/ into a navigable HTML site.
 
-One build (about 10 s) into a tmp dir, from a copy of nbs/ plus a fixture chapter that exercises what the real
+One build (about 10 s) into a tmp dir, of nbs/ plus a fixture chapter (`--add`) that exercises what the real
 chapters will need (math, hidden cells, exported code, show_doc, outputs, tables, images). Checks: every chapter has
 its page, the sidebar lists them in reading order, every internal link and image resolves, and the fixture's
 features render. No browser needed.
 """
-import base64, importlib.util, json, os, re, shutil, subprocess, sys
+import base64, importlib.util, json, os, re, subprocess, sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -35,7 +35,7 @@ def fixture_nb() -> dict:
                           "A list right after a paragraph:\n- first\n  - nested two spaces\n- second\n\n"
                           "| quantity | value |\n|---|---|\n| $d_k$ | 128 |\n\n"
                           "> A blockquoted note linking [the overview](index.html) and [this page](#the-section).\n\n"
-                          "## The section\n\nSee `fixture_double` below."),
+                          "## The section\n\nSee `fixture_double` below. ![a plot](../results/plot.png)"),
         _cell("code", "#| export\ndef fixture_double(x:int, # the input\n                  )->int: # twice x\n"
                       "    \"Double `x` (EXPORTED_MARKER).\"\n    return 2 * x"),
         _cell("code", "print('OUTPUT_MARKER', fixture_double(21))",
@@ -66,13 +66,13 @@ def parse(path: Path) -> _Refs:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("docs")
-    nbs = tmp/"nbs"
-    shutil.copytree(ROOT/"nbs", nbs, ignore=shutil.ignore_patterns(".*", "_*", "nbdev.yml", "sidebar.yml"))
-    (nbs/FIXTURE).write_text(json.dumps(fixture_nb(), indent=1))
+    (tmp/"fixture").mkdir(); (tmp/"results").mkdir()
+    (tmp/"fixture"/FIXTURE).write_text(json.dumps(fixture_nb(), indent=1))
+    (tmp/"results"/"plot.png").write_bytes(base64.b64decode(PNG))  # referenced from outside the notebook folder
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    r = subprocess.run([sys.executable, str(ROOT/"scripts"/"build_docs.py"), "--nbs", str(nbs), "--build",
-                        str(tmp/"build"), "--site", str(tmp/"site")], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(ROOT/"scripts"/"build_docs.py"), "--add", str(tmp/"fixture"/FIXTURE),
+                        "--build", str(tmp/"build"), "--site", str(tmp/"site")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"build_docs failed:\n{r.stdout}\n{r.stderr}"
     return tmp/"site", r
 
@@ -156,6 +156,7 @@ def test_fixture_features(site):
     assert "OUTPUT_MARKER 42" in body
     assert "ECHO_FALSE_MARKER" not in body and "ECHO_FALSE_OUTPUT" in body
     assert re.search(r'<img src="docs_fixture_files/cell\d+-out0\.png"', body)
+    assert re.search(r'<img alt="a plot" src="ext/[0-9a-f]{10}/plot\.png"', body)  # copied in; resolves (links test)
     # markdown: list after a paragraph, nested list, table, blockquote
     assert re.search(r"<li>first\s*<ul>\s*<li>nested two spaces</li>", body)
     assert "<table>" in body and "<blockquote>" in body
