@@ -156,6 +156,7 @@ def test_serve(fake):
     vllm = [c for c in calls if c.startswith("vllm")]
     assert len(vllm) == 1 and vllm[0].startswith("vllm head serve /models/x --served-model-name solar-open2")
     assert calls.index(pre[-1]) < calls.index(vllm[0])                        # preflight before the boot
+    assert "vllm serve /models/x --served-model-name solar-open2" in r.stdout    # the server log, followed on the terminal
     logs = fake["out"] / "logs"
     assert "watching server pid" in (logs / "oom-guard.log").read_text()
     assert not (logs / "vllm-serve.pid").exists()                              # cleaned up when the server exited

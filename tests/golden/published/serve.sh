@@ -56,11 +56,12 @@ fi
 # shellcheck disable=SC1091  # the venv exists on the nodes, not where this script is checked
 source "$VENV/bin/activate"
 export VLLM_HOST_IP=$HEAD_IP
-echo "$(date -Is) vllm serve ${SERVE_ARGS[*]}" >>"$LOG"
+if [[ -f $LOG ]]; then mv "$LOG" "$LOG.1"; fi
+echo "$(date -Is) vllm serve ${SERVE_ARGS[*]}" >"$LOG"
 vllm serve "${SERVE_ARGS[@]}" >>"$LOG" 2>&1 &
 pid=$!
 echo "$pid" >"$PIDFILE"
-tail -n 0 -f --pid="$pid" "$LOG" &
+tail -n +1 -f --pid="$pid" "$LOG" &
 
 # 4. the watchdog
 "$HERE/oom-guard.sh" "$pid" &
