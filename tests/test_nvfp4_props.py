@@ -145,3 +145,16 @@ def test_activation_fake_quant_idempotent_and_bounded(x, amax_factor):
 def test_round_to_e2m1_ties_hand_written():
     y = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -5.0, 0.2500001, 100.0, -0.0])
     assert round_to_e2m1(y).tolist() == [0, 2, 2, 4, 4, 6, 6, 8, 14, 1, 7, 8]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu_bit_for_bit():
+    w = torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) * 0.02
+    q, qc = quantize(w, input_amax=3.0), quantize(w.cuda(), input_amax=3.0)
+    assert torch.equal(qc.packed.cpu(), q.packed)
+    assert torch.equal(qc.scale.view(torch.uint8).cpu(), q.scale.view(torch.uint8))
+    assert qc.global_scale.item() == q.global_scale.item()
+    assert torch.equal(qc.dequantize(torch.bfloat16).cpu(), q.dequantize(torch.bfloat16))
+    x = torch.randn(8, 512)
+    assert torch.equal(fake_quantize_activation(x.cuda(), q.input_global_scale.cuda()).cpu(),
+                       fake_quantize_activation(x, q.input_global_scale))
