@@ -19,7 +19,7 @@ setup: $(STAMP)
 
 # the main job: greedy generation with the built-in tiny checkpoint (created on first use)
 run: setup
-	$(BIN)/solar-open2 info --preset real
+	$(BIN)/solar-open2 generate --prompt "$(PROMPT)" --max-new-tokens 32
 
 # every notebook's tests (gpu/slow cells skipped through tst_flags), then the integration tests (pytest's summary last)
 test: setup nbtest pytest
