@@ -784,6 +784,9 @@ def run_phase(a, phase:str, argv:list)->int:
     "One engine, every measurement, one JSON. Returns the exit code."
     t0 = time.perf_counter()
     a._phase = phase
+    import signal                                                    # a time limit's SIGTERM still shuts the engine down
+    prev_sigterm = None
+    with contextlib.suppress(ValueError): prev_sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     name = f"{stem(a.config)}_{phase}"
     res = new_result(a, phase, argv)
     paths = out_paths(a, name + ".json")
@@ -849,6 +852,7 @@ def run_phase(a, phase:str, argv:list)->int:
     print(f"[perf_h200] {name}: {res['status']}; wrote {', '.join(map(str, paths))}; log {log_path}", flush=True)
     print(summary_text(res), flush=True)
     shutil.rmtree(work / "profile", ignore_errors=True)
+    if prev_sigterm is not None: signal.signal(signal.SIGTERM, prev_sigterm)
     return rc
 
 def summary_text(res:dict)->str:
@@ -953,7 +957,7 @@ def run_all(a, argv:list)->int:
     rest = strip_flags(argv, ("--phase", "--deadline-s"))
     for i, ph in enumerate(PHASES):
         left = a.deadline_s - (time.perf_counter() - t0)
-        share = left * (0.45 if i == 0 else 1.0)
+        share = left * (0.55 if i == 0 else 1.0)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", ph, "--deadline-s", f"{share:.0f}", *rest]
         print(f"[perf_h200] all: {' '.join(cmd)}", flush=True)
         rc = max(rc, subprocess.run(cmd).returncode)

@@ -68,6 +68,10 @@ def test_model_dir_is_the_real_config_with_nota_quant_block(tmp_path):
     assert q["ignore"] == bf16_linear_modules(real) and "lm_head" in q["ignore"]
     assert not any(".experts." in x for x in q["ignore"])
     assert quantization_problems(q, "compressed-tensors", cfg) == []
+    vq = pytest.importorskip("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors")
+    ct = vq.CompressedTensorsConfig.from_config(q)                  # vLLM reads the block as NVFP4 W4A4, group 16
+    t = ct.target_scheme_map["Linear"]
+    assert ct._is_nvfp4_format(t["weights"]) and ct._is_nvfp4_format(t["input_activations"]) and len(ct.ignore) == 577
     (d / "model.safetensors").write_text("x")
     with pytest.raises(FileExistsError, match="other than config.json"): ph.write_model_dir("real", d)
 
@@ -543,3 +547,18 @@ def test_markdown_table():
     rows = [{"a": 1234.5, "b": None, "c": True}, {"a": 2.0, "b": "x", "c": False}]
     t = pp.markdown_table(rows, [("A", "a", ",.1f"), ("B", "b", ""), ("C", "c", ""), ("2A", lambda r: 2 * r["a"], ".0f")])
     assert t == "| A | B | C | 2A |\n|---|---|---|---|\n| 1,234.5 | — | yes | 2469 |\n| 2.0 | x | no | 4 |\n"
+
+def test_vllm_loads_the_shimmed_plugin_in_a_fresh_process(tmp_path):
+    "What every engine-core / worker / registry process does: `load_general_plugins()` finds the shim's entry point."
+    pytest.importorskip("vllm")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "probe_plugin.py").write_text(
+        "import os\ndef register():\n    open(os.environ['PROBE_MARKER'], 'a').write('registered\\n')\n")
+    root = ph.write_plugin_shim(tmp_path / "shim", entry_point="solar_open2 = probe_plugin:register")
+    env = dict(os.environ, PROBE_MARKER=str(tmp_path / "marker"))
+    env.pop("VLLM_PLUGINS", None)
+    ph.prepend_path(env, tmp_path / "pkg", root)
+    code = "from vllm.plugins import load_general_plugins as f; f(); f()"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "marker").read_text() == "registered\n"          # once per process
