@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Plot the H200 performance results against the budget chapter's rooflines.
+
+    python benchmarks/plot_perf.py [--results-dir benchmarks/results] [--config real] [--out PNG]
+
+Reads `perf_h200_eager.json`, `perf_h200_graphs.json` (whichever exist) and draws four panels: single-stream decode
+per context, batch decode per batch size, prefill per context (each: eager, CUDA graphs, and the roofline; the
+fraction of the roofline printed on each bar), and the decode step's time by kernel family from the profile next
+to the bytes-per-token model. Without results it draws the rooflines and the model alone, marked "not yet
+measured". Writes `perf_h200.png` beside the JSON unless --out says otherwise.
+"""
+from __future__ import annotations
+import argparse, sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path: sys.path.insert(0, str(HERE))
+import perf_h200 as ph  # noqa: E402
+
+COLORS = {"eager": "#d9822b", "graphs": "#2b6cb0", "roofline": "#444444", "model": "#9aa5b1"}
+MODEL_ALLREDUCE_US = (38.0, 8.0)   # NCCL eager, measured on the x2 machine; a one-shot custom all-reduce (assumed)
+FAMILY_COLORS = {"dense_gemm": "#2b6cb0", "moe": "#38a169", "kda": "#d69e2e", "attention": "#805ad5",
+                 "allreduce": "#e53e3e", "norm_act": "#718096", "sampling": "#a0aec0", "memcpy": "#cbd5e0", "other": "#e2e8f0"}
+
+def _settings(results:dict, config:str)->dict:
+    "Settings of the first phase present, else the preset's (so the rooflines can be drawn without results)."
+    for k in ("graphs", "eager"):
+        if results.get(k): return results[k]["settings"]
+    p = dict(ph.PRESETS[config]); p["config"] = config
+    return p
+
+def panel_data(results:dict, config:str="real")->dict:
+    "What each panel draws: per figure key, the roofline and the measured values of each phase present."
+    s = _settings(results, config)
+    cfg = ph.model_config(config)
+    tp, dt, bp, bt = s["tp"], s["decode_tokens"], s["batch_prompt"], s["batch_tokens"]
+    fig = lambda phase, key: ((results.get(phase) or {}).get("figures") or {}).get(key)
+    out = {"decode": [], "batch": [], "prefill": [], "measured": any(results.get(p) for p in ph.PHASES)}
+    for c in s["decode_contexts"]:
+        k = f"decode_bs1_ctx{c}"
+        out["decode"].append({"key": k, "label": f"{c // 1024}K" if c >= 1024 else str(c),
+                              "roofline": ph.decode_roofline(cfg, tp, c + dt / 2)["per_seq_tok_s"],
+                              **{p: fig(p, k) and fig(p, k)["value_tok_s"] for p in ph.PHASES}})
+    for b in s["batch_sizes"]:
+        k = f"decode_bs{b}"
+        out["batch"].append({"key": k, "label": str(b), "roofline": ph.decode_roofline(cfg, tp, bp + bt / 2, b)["aggregate_tok_s"],
+                             **{p: fig(p, k) and fig(p, k)["value_tok_s"] for p in ph.PHASES}})
+    for c in s["prefill_contexts"]:
+        k = f"prefill_ctx{c}"
+        out["prefill"].append({"key": k, "label": f"{c // 1024}K" if c >= 1024 else str(c),
+                               "roofline": ph.prefill_roofline(cfg, tp, c)["tok_s"],
+                               **{p: fig(p, k) and fig(p, k)["value_tok_s"] for p in ph.PHASES}})
+    c0 = s["decode_contexts"][0]
+    out["model_us"] = {us: ph.predicted_step_us(cfg, tp, c0, allreduce_us=us) for us in MODEL_ALLREDUCE_US}
+    out["profile"] = {p: (results.get(p) or {}).get("profile") for p in ph.PHASES if (results.get(p) or {}).get("profile")}
+    out["profile_context"] = c0
+    return out
+
+def fmt(v, spec:str=",.1f")->str:
+    "A table cell: numbers formatted, None as an em dash, booleans as yes/no."
+    if v is None: return "—"
+    if isinstance(v, bool): return "yes" if v else "no"
+    if isinstance(v, (int, float)): return format(v, spec)
+    return str(v)
+
+def markdown_table(rows:list, cols:list)->str:
+    "A Markdown table of `rows` (dicts); `cols` = [(header, key or callable, format spec)]."
+    head = "| " + " | ".join(h for h, _, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
+    body = "".join("| " + " | ".join(fmt(k(r) if callable(k) else r.get(k), f) for _, k, f in cols) + " |\n" for r in rows)
+    return head + body
+
+def _bars(ax, rows, title, ylabel):
+    import numpy as np
+    x = np.arange(len(rows)); w = 0.27
+    for i, p in enumerate(ph.PHASES):
+        vals = [r[p] or 0 for r in rows]
+        bars = ax.bar(x + (i - 0.5) * w, vals, w, color=COLORS[p], label=p if any(vals) else None)
+        for b, r, v in zip(bars, rows, vals):
+            if v: ax.annotate(f"{100 * v / r['roofline']:.0f}%", (b.get_x() + b.get_width() / 2, v), ha="center",
+                              va="bottom", fontsize=7)
+    ax.hlines([r["roofline"] for r in rows], x - 1.3 * w, x + 1.3 * w, colors=COLORS["roofline"], linestyles="--",
+              label="roofline", zorder=3)
+    ax.set_xticks(x, [r["label"] for r in rows]); ax.set_yscale("log")
+    vals = [v for r in rows for v in [r["roofline"]] + [r[p] for p in ph.PHASES] if v]
+    ax.set_ylim(min(min(vals), min(r["roofline"] for r in rows) / 30) / 2, max(vals) * 2.5)
+    if not any(r[p] for r in rows for p in ph.PHASES):
+        ax.text(0.5, 0.5, "not yet measured", transform=ax.transAxes, ha="center", fontsize=10, color="#c53030")
+    ax.set_title(title, fontsize=9); ax.set_ylabel(ylabel, fontsize=8); ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="lower left")
+
+def _profile(ax, d):
+    bars = [(f"model, AR {us:g} us", {k: v for k, v in m.items() if k != "total"}) for us, m in d["model_us"].items()]
+    for p, prof in d["profile"].items():
+        bars.append((p, {r["family"]: r["us_per_step"] or 0 for r in prof.get("families", [])}))
+    fams = [f for f in ph.FAMILIES if any(f in b for _, b in bars)]
+    bottom = [0.0] * len(bars)
+    for f in fams:
+        vals = [b.get(f, 0) / 1e3 for _, b in bars]
+        ax.bar(range(len(bars)), vals, bottom=bottom, color=FAMILY_COLORS[f], label=f)
+        bottom = [x + v for x, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(bars)), [n.replace(", ", "\n") for n, _ in bars], fontsize=7)
+    ax.set_ylabel("ms per decode step (rank 0)", fontsize=8); ax.tick_params(labelsize=7)
+    ax.set_title(f"decode step by kernel family, batch 1, {d['profile_context']:,}-token context", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    if not d["profile"]: ax.set_xlabel("profile not yet measured: the bytes-per-token model only", fontsize=9, color="#c53030")
+
+def plot(results:dict, out:Path|None=None, config:str="real"):
+    "The four-panel figure; saved to `out` when given; returns the matplotlib Figure."
+    import matplotlib
+    if out is not None: matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    d = panel_data(results, config)
+    fig, axs = plt.subplots(2, 2, figsize=(11, 7.5))
+    _bars(axs[0, 0], d["decode"], "single-stream decode (tok/s), by prompt length", "tok/s")
+    _bars(axs[0, 1], d["batch"], "batch decode (aggregate tok/s), by concurrent sequences", "tok/s")
+    _bars(axs[1, 0], d["prefill"], "prefill (prompt tok/s; roofline = 989 TFLOP/s compute)", "tok/s")
+    _profile(axs[1, 1], d)
+    gpu = next(((results.get(p) or {}).get("gpu") or {}).get("name") for p in ph.PHASES if results.get(p)) if d["measured"] else None
+    title = f"Solar-Open2 ({config}) through the vLLM plugin, TP{_settings(results, config)['tp']}"
+    title += f", {gpu}" if gpu else " - not yet measured: rooflines (H200, budget chapter) only"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    return fig
+
+def main(argv:list|None=None)->int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results-dir", type=Path, default=ph.RESULTS)
+    ap.add_argument("--config", choices=tuple(ph.PRESETS), default="real")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    res = ph.load_results(a.results_dir, a.config)
+    out = a.out or a.results_dir / f"{ph.stem(a.config)}.png"
+    plot(res, out, a.config)
+    print(f"wrote {out}" + ("" if any(res.get(p) for p in ph.PHASES) else " (no results yet: rooflines only)"))
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

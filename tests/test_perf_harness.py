@@ -1,0 +1,564 @@
+"""The H200 performance harness (`benchmarks/perf_h200.py`, `benchmarks/plot_perf.py`) without a GPU: arguments,
+the served config.json, the plugin's entry-point shim, log capture and parsing (lines written in vLLM 0.25.1's own
+formats), figures from token times, rooflines, the profile summary, JSON assembly, merge, the prediction log, plot."""
+import importlib.util, json, math, os, subprocess, sys, textwrap, time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    m = importlib.util.module_from_spec(spec); sys.modules[name] = m; spec.loader.exec_module(m)
+    return m
+
+ph = _load("perf_h200")
+pp = _load("plot_perf")
+
+from solar_open2 import budget
+from solar_open2.config import SolarOpen2Config
+
+# --------------------------------------------------------------------------------------------------------------
+# arguments
+# --------------------------------------------------------------------------------------------------------------
+
+def test_defaults_real_and_tiny():
+    a = ph.parse_args(["--phase", "eager"])
+    assert (a.config, a.tp, a.max_model_len, a.kv_bytes) == ("real", 2, 40960, 16_000_000_000)
+    assert a.decode_contexts == [2048, 32768] and a.prefill_contexts == [8192, 32768] and a.batch_sizes == [8, 32, 64]
+    assert a.capture_sizes == [1, 2, 4, 8, 16, 32, 64] and not a.profile
+    t = ph.parse_args(["--config", "tiny", "--phase", "graphs", "--profile", "--decode-contexts", "1k,2K"])
+    assert (t.tp, t.max_model_len, t.decode_contexts, t.profile) == (1, 8192, [1000, 2048], True)
+    assert ph.PRESETS["real"]["decode_contexts"] == [2048, 32768]      # presets are not mutated by resolve
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--decode-contexts", "40900"], "--decode-contexts"),
+    (["--prefill-contexts", "40960"], "--prefill-contexts"),
+    (["--tp", "3"], "tensor-parallel-size 3"),
+    (["--batch-sizes", "8,128"], "--max-num-seqs"),
+    (["--max-model-len", "2M"], "max_position_embeddings"),
+    (["--kv-cache-memory-bytes", "1g"], "vLLM would refuse"),
+    (["--decode-tokens", "2"], "--decode-tokens"),
+    (["--decode-contexts", "x"], "--decode-contexts"),
+    (["--phase", "fast"], "--phase"),
+])
+def test_bad_flags_exit_2_naming_the_flag(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e: ph.parse_args(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+def test_strip_flags():
+    argv = ["--phase", "all", "--config", "tiny", "--deadline-s=300", "--profile", "--deadline-s", "9"]
+    assert ph.strip_flags(argv, ("--phase", "--deadline-s")) == ["--config", "tiny", "--profile"]
+
+# --------------------------------------------------------------------------------------------------------------
+# config.json and engine arguments
+# --------------------------------------------------------------------------------------------------------------
+
+def test_model_dir_is_the_real_config_with_nota_quant_block(tmp_path):
+    from solar_open2.checkpoint import bf16_linear_modules, quantization_problems
+    d = ph.write_model_dir("real", tmp_path / "m")
+    assert sorted(p.name for p in d.iterdir()) == ["config.json"]
+    cfg = SolarOpen2Config.from_pretrained(d)
+    real = SolarOpen2Config.real()
+    assert cfg.to_dict() | {"quantization_config": None} == real.to_dict() | {"quantization_config": None}
+    q = cfg.quantization_config
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "nvfp4-pack-quantized"
+    assert q["ignore"] == bf16_linear_modules(real) and "lm_head" in q["ignore"]
+    assert not any(".experts." in x for x in q["ignore"])
+    assert quantization_problems(q, "compressed-tensors", cfg) == []
+    vq = pytest.importorskip("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors")
+    ct = vq.CompressedTensorsConfig.from_config(q)                  # vLLM reads the block as NVFP4 W4A4, group 16
+    t = ct.target_scheme_map["Linear"]
+    assert ct._is_nvfp4_format(t["weights"]) and ct._is_nvfp4_format(t["input_activations"]) and len(ct.ignore) == 577
+    (d / "model.safetensors").write_text("x")
+    with pytest.raises(FileExistsError, match="other than config.json"): ph.write_model_dir("real", d)
+
+def test_engine_kwargs_are_valid_vllm_arguments():
+    pytest.importorskip("vllm")
+    from vllm.config import CompilationConfig, ProfilerConfig
+    from vllm.engine.arg_utils import EngineArgs
+    a = ph.parse_args(["--phase", "graphs", "--moe-backend", "marlin"])
+    e = ph.engine_kwargs(a, "/m", "eager")
+    assert e["enforce_eager"] and "compilation_config" not in e and "profiler_config" not in e
+    assert (e["load_format"], e["skip_tokenizer_init"], e["enable_prefix_caching"], e["kv_cache_memory_bytes"]) == \
+        ("dummy", True, False, 16_000_000_000)
+    EngineArgs(**e)
+    g = ph.engine_kwargs(a, "/m", "graphs", "/tmp/prof")
+    cc, pc = CompilationConfig(**g.pop("compilation_config")), ProfilerConfig(**g.pop("profiler_config"))
+    assert cc.cudagraph_capture_sizes == [1, 2, 4, 8, 16, 32, 64] and not g.get("enforce_eager")
+    assert (pc.profiler, pc.delay_iterations, pc.max_iterations) == ("torch", ph.PROFILE_DELAY_STEPS, 8)
+    ea = EngineArgs(**g, compilation_config=cc, profiler_config=pc)
+    assert ea.moe_backend == "marlin" and ea.tensor_parallel_size == 2
+    a.compile = "none"
+    cc = CompilationConfig(**ph.engine_kwargs(a, "/m", "graphs")["compilation_config"])
+    assert cc.mode == 0 and cc.cudagraph_mode.name == "FULL_DECODE_ONLY"
+    with pytest.raises(ValueError, match="phase"): ph.engine_kwargs(a, "/m", "fast")
+
+def test_token_prompts_are_deterministic_and_in_range():
+    p = ph.token_prompt(4096, 196608, 7)
+    assert p == ph.token_prompt(4096, 196608, 7) and p != ph.token_prompt(4096, 196608, 8)
+    assert len(p) == 4096 and 1000 <= min(p) and max(p) < 196608 - 1000
+    t = ph.token_prompt(500, 1024, 1)
+    assert 128 <= min(t) and max(t) < 1024 - 128
+
+# --------------------------------------------------------------------------------------------------------------
+# the plugin shim and the environment every vLLM process inherits
+# --------------------------------------------------------------------------------------------------------------
+
+def test_shim_entry_point_is_seen_by_a_fresh_process(tmp_path):
+    root = ph.write_plugin_shim(tmp_path / "shim", entry_point="probe = json:dumps", group="solar_open2_test.plugins")
+    code = ("from importlib.metadata import entry_points; eps = entry_points(group='solar_open2_test.plugins'); "
+            "print([e.name for e in eps], eps['probe'].load()([1]))")
+    env = dict(os.environ); ph.prepend_path(env, root)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['probe'] [1]"
+    env.pop("PYTHONPATH")                                  # and without the shim on the path: nothing
+    out = subprocess.run([sys.executable, "-c", code.replace("eps['probe'].load()([1])", "0")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[] 0"
+
+def test_shim_declares_the_plugin_entry_point(tmp_path):
+    root = ph.write_plugin_shim(tmp_path)
+    txt = (root / ph.SHIM_DIST / "entry_points.txt").read_text()
+    assert txt == "[vllm.general_plugins]\nsolar_open2 = solar_open2.vllm:register\n"
+
+def test_prepend_path_and_environment(tmp_path, monkeypatch):
+    env = {"PYTHONPATH": "/a:/b"}
+    assert ph.prepend_path(env, "/b", "/c") == "/b:/c:/a"
+    for k in list(ph.NVLINK_ENV) + ["VLLM_PLUGINS"]: monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    monkeypatch.setenv("PYTHONPATH", "/x")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    rec = ph.setup_environment(tmp_path)
+    assert rec["NCCL_NVLS_ENABLE"] == "0" and rec["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and rec["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert os.environ["PYTHONPATH"].split(":")[:2] == [str(ph.ROOT), str(tmp_path)] and os.environ["PYTHONPATH"].endswith(":/x")
+    assert os.environ["VLLM_PLUGINS"] == "lora_filesystem_resolver,solar_open2"
+    assert rec["TRITON_CACHE_AUTOTUNING"] == os.environ["TRITON_CACHE_AUTOTUNING"]
+
+# --------------------------------------------------------------------------------------------------------------
+# log capture and parsing
+# --------------------------------------------------------------------------------------------------------------
+
+def test_log_capture_collects_children_output(tmp_path, capfd):
+    log = tmp_path / "engine.log"
+    with ph.LogCapture(log) as cap:
+        os.write(1, b"parent line\n")
+        subprocess.run([sys.executable, "-c", "import sys; print('child stdout'); print('child stderr', file=sys.stderr)"])
+        pid = os.fork()
+        if pid == 0:
+            os.write(1, b"forked child\n"); os._exit(0)
+        os.waitpid(pid, 0)
+        seen = cap.text()
+    for s in ("parent line", "child stdout", "child stderr", "forked child"): assert s in seen
+    assert "child stdout" in capfd.readouterr().out          # echoed to the original stdout too
+    os.write(1, b"after\n")
+    assert "after" not in log.read_text() and "after" in capfd.readouterr().out   # file descriptors restored
+
+def _sample_log(tokens="591,969", conc="14.45"):
+    "Lines as vLLM 0.25.1 writes them for this run (format strings of the files named in brackets), in a pipe (no colour)."
+    return textwrap.dedent(f"""\
+    INFO 11-30 10:00:01 [utils.py:253] non-default args: {{'model': '/tmp/m', 'skip_tokenizer_init': True}}
+    INFO 11-30 10:00:05 [model.py:1776] Using max model len 40960
+    INFO 11-30 10:00:06 [vllm.py:1043] Asynchronous scheduling is enabled.
+    (EngineCore pid=4123) INFO 11-30 10:00:09 [core.py:115] Initializing a V1 LLM engine (v0.25.1) with config: model='/tmp/m', load_format=dummy, tensor_parallel_size=2
+    (EngineCore pid=4123) WARNING 11-30 10:00:09 [multiproc_executor.py:921] Reducing Torch parallelism from 16 threads to 1 to avoid unnecessary CPU contention.
+    (Worker_TP0 pid=4201) INFO 11-30 10:00:19 [pynccl.py:113] vLLM is using nccl==2.28.3
+    (Worker_TP0 pid=4201) INFO 11-30 10:00:20 [cuda_communicator.py:264] Using ['CUSTOM', 'SYMM_MEM', 'PYNCCL'] all-reduce backends (in dispatch order) for group 'tp:0' out of potential backends: ['CUSTOM', 'SYMM_MEM', 'PYNCCL'].
+    (Worker_TP0 pid=4201) INFO 11-30 10:00:21 [cuda.py:476] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].
+    (Worker_TP0 pid=4201) INFO 11-30 10:00:22 [nvfp4.py:210] Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTEDSL', 'FLASHINFER_CUTEDSL_BATCHED', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN', 'HUMMING', 'EMULATION'].
+    (Worker_TP1 pid=4202) INFO 11-30 10:00:22 [nvfp4.py:210] Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['MARLIN'].
+    (Worker_TP0 pid=4201) INFO 11-30 10:00:40 [gpu_model_runner.py:5306] Model loading took 71.62 GiB memory and 17.204519 seconds
+    (Worker_TP0 pid=4201) INFO 11-30 10:00:41 [interface.py:890] Setting attention block size to 1072 tokens to ensure that attention page size is >= mamba page size.
+    (Worker_TP0 pid=4201) INFO 11-30 10:00:41 [interface.py:914] Padding mamba page size by 1.13% to ensure that mamba page size and attention page size are exactly equal.
+    (Worker_TP0 pid=4201) INFO 11-30 10:01:05 [backends.py:1149] Dynamo bytecode transform time: 21.40 s
+    (Worker_TP0 pid=4201) INFO 11-30 10:01:50 [monitor.py:34] torch.compile took 66.12 s in total
+    (Worker_TP0 pid=4201) INFO 11-30 10:03:10 [gpu_worker.py:459] Initial free memory 139.21 GiB, reserved 14.9 GiB memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling. This does not respect the gpu_memory_utilization config.
+    (EngineCore pid=4123) INFO 11-30 10:03:11 [kv_cache_utils.py:2146] GPU KV cache size: {tokens} tokens
+    (EngineCore pid=4123) INFO 11-30 10:03:11 [kv_cache_utils.py:2148] Maximum concurrency for 40,960 tokens per request: {conc}x
+    (Worker_TP0 pid=4201) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 7/7 [00:03<00:00,  2.10it/s]
+    (Worker_TP0 pid=4201) INFO 11-30 10:03:40 [gpu_model_runner.py:6707] Graph capturing finished in 24 secs, took 1.31 GiB
+    (EngineCore pid=4123) INFO 11-30 10:03:41 [core.py:337] init engine (profile, create kv cache, warmup model) took 181.55 s (compilation: 66.12 s)
+    (Worker_TP1 pid=4202) ERROR 11-30 10:03:42 [gpu_worker.py:1] something went wrong once
+    """)
+
+def test_parse_engine_log():
+    r = ph.parse_engine_log(_sample_log())
+    assert (r["kv_cache_tokens"], r["max_concurrency"], r["max_concurrency_len"]) == (591969, 14.45, 40960)
+    assert r["nvfp4_moe_backend"] == "MARLIN" and r["nvfp4_moe_candidates"][0] == "FLASHINFER_TRTLLM"
+    assert r["moe_backends"] == [["MARLIN", "NvFp4"]] and r["attention_backends"] == ["FLASH_ATTN"]
+    assert (r["block_size"], r["mamba_padding_pct"]) == (1072, 1.13)
+    assert r["model_loading"] == [{"proc": "Worker_TP0", "gib": 71.62, "seconds": 17.204519}]
+    assert (r["initial_free_gib"], r["kv_reserved_gib"]) == (139.21, 14.9)
+    assert (r["graph_capture_s"], r["graph_capture_gib"]) == (24.0, 1.31)
+    assert (r["init_engine_s"], r["compilation_s"], r["torch_compile_s"], r["dynamo_s"]) == (181.55, 66.12, 66.12, 21.4)
+    assert r["async_scheduling"] == "enabled" and r["vllm_version_logged"] == "0.25.1"
+    assert r["errors"] == ["Worker_TP1: something went wrong once"] and r["n_warnings"] == 1
+    assert r["allreduce_backends"] == {"tp:0": ["CUSTOM", "SYMM_MEM", "PYNCCL"]} and r["nccl_version"] == "2.28.3"
+    assert len(r["comm_lines"]) == 2 and r["comm_lines"][0] == "Worker_TP0: vLLM is using nccl==2.28.3"
+    empty = ph.parse_engine_log("no vllm here\n")
+    assert empty["kv_cache_tokens"] is None and empty["model_loading"] == [] and empty["nvfp4_moe_backend"] is None
+
+def test_log_records_strip_colour_and_skip_other_lines():
+    col = "\x1b[36m(EngineCore pid=7)\x1b[0m \x1b[32mINFO\x1b[0m \x1b[90m11-30 10:03:11\x1b[0m \x1b[90m[kv_cache_utils.py:2146]\x1b[0m GPU KV cache size: 1,234 tokens"
+    recs = ph.log_records(col + "\nprogress bar 50%|#####\n")
+    assert recs == [{"proc": "EngineCore", "pid": "7", "level": "INFO", "src": "kv_cache_utils.py:2146",
+                     "msg": "GPU KV cache size: 1,234 tokens"}]
+    assert ph.parse_engine_log(col)["kv_cache_tokens"] == 1234
+
+def test_kv_pool_prediction_matches_the_logged_lines():
+    a = ph.parse_args(["--phase", "eager"])
+    pred = ph.kv_prediction(a)
+    assert pred["log_lines"] == ["GPU KV cache size: 591,969 tokens", "Maximum concurrency for 40,960 tokens per request: 14.45x"]
+    assert (pred["block_size"], pred["num_blocks"], pred["page_bytes"]) == (1072, 607, 2_195_456)
+    c = ph.compare_kv(pred, ph.parse_engine_log(_sample_log()))
+    assert c["match"] is True and c["block_size_match"] is True
+    c = ph.compare_kv(pred, ph.parse_engine_log(_sample_log(tokens="591,970")))
+    assert c["match"] is False and c["tokens_match"] is False and c["concurrency_match"] is True
+    assert ph.compare_kv(pred, ph.parse_engine_log(""))["match"] is None
+    t = ph.parse_args(["--config", "tiny", "--phase", "eager"])   # the tiny dry run predicts its own pool
+    pt = ph.kv_prediction(t)
+    assert pt["gpu_kv_cache_tokens"] == budget.plan(tp=1, kv_cache_memory_bytes="2g", max_model_len=8192, max_num_seqs=64,
+                                                    cfg=SolarOpen2Config.tiny()).gpu_kv_cache_tokens
+
+def test_parse_smi():
+    text = "0, 1000, 143771\n1, 900, 143771\n0, 90000, 143771\n1, 88000, 143771\ngarbage\n0, [N/A], 1\n"
+    r = ph.parse_smi(text)
+    assert r["peak_used_mib"] == {"0": 90000.0, "1": 88000.0} and r["samples"] == {"0": 2, "1": 2}
+    assert r["peak_used_gib"]["0"] == round(90000 / 1024, 3) and r["total_mib"]["1"] == 143771.0
+    assert ph.parse_smi("") == {"peak_used_mib": {}, "total_mib": {}, "peak_used_gib": {}, "samples": {}}
+
+# --------------------------------------------------------------------------------------------------------------
+# figures from token arrival times
+# --------------------------------------------------------------------------------------------------------------
+
+def _rec(prompt, t_add, first, gap, n):
+    return {"prompt_len": prompt, "t_add": t_add, "times": [first + i * gap for i in range(n)], "tokens": list(range(n))}
+
+def test_single_stream_stats():
+    s = ph.single_stream_stats(_rec(2048, 10.0, 10.5, 0.004, 101))
+    assert math.isclose(s["ttft_s"], 0.5) and math.isclose(s["prefill_tok_s"], 4096)
+    assert math.isclose(s["decode_tok_s"], 250, rel_tol=1e-9) and math.isclose(s["itl_median_ms"], 4, rel_tol=1e-6)
+    one = ph.single_stream_stats(_rec(8192, 0.0, 2.0, 0.0, 1))
+    assert one["prefill_tok_s"] == 4096 and "decode_tok_s" not in one
+    with pytest.raises(ValueError): ph.single_stream_stats({"prompt_len": 1, "t_add": 0, "times": [], "tokens": []})
+
+def test_batch_stats_uses_the_all_decoding_window():
+    recs = [_rec(512, 0.0, 1.0 + 0.1 * i, 0.01, 101) for i in range(4)]   # staggered starts, 100 tok/s each
+    s = ph.batch_stats(recs)
+    assert s["window"] == "all-decoding" and math.isclose(s["window_s"], 1.0 - 0.3)
+    assert math.isclose(s["decode_tok_s"], 400, rel_tol=0.02) and math.isclose(s["per_seq_tok_s"], 100, rel_tol=0.02)
+    assert math.isclose(s["ttft_max_s"], 1.3)
+    flat = [_rec(512, 0.0, 1.0 + i, 0.001, 3) for i in range(3)]        # no common window: fallback
+    assert ph.batch_stats(flat)["window"] == "fallback"
+    with pytest.raises(ValueError): ph.batch_stats([_rec(1, 0, 1, 0.1, 1)])
+
+class FakeEngine:
+    "LLMEngine's add_request / step / has_unfinished_requests, emitting DELTA outputs one token per step."
+    def __init__(self, step_s=0.001): self.reqs, self.step_s = {}, step_s
+    def add_request(self, rid, prompt, params):
+        assert set(prompt) == {"prompt_token_ids"} and params.max_tokens >= 1 and params.ignore_eos
+        self.reqs[rid] = [len(prompt["prompt_token_ids"]), params.max_tokens]
+    def has_unfinished_requests(self): return any(v[1] > 0 for v in self.reqs.values())
+    def step(self):
+        time.sleep(self.step_s)
+        outs = []
+        for rid, v in self.reqs.items():
+            if v[1] > 0:
+                v[1] -= 1
+                outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=[7 + v[1] % 3])]))
+        return outs
+
+def test_run_requests_with_a_fake_engine():
+    pytest.importorskip("vllm")
+    recs = ph.run_requests(FakeEngine(), [[1] * 10, [2] * 20], 5, "t")
+    assert [r["prompt_len"] for r in recs] == [10, 20] and all(len(r["times"]) == 5 == len(r["tokens"]) for r in recs)
+    assert all(r["times"] == sorted(r["times"]) and r["times"][0] > r["t_add"] for r in recs)
+    assert ph.single_stream_stats(recs[0])["decode_tok_s"] > 0
+    assert ph.output_sanity(recs) == {"distinct_ids_min": 3, "distinct_ids_max": 3, "degenerate": False, "note": ""}
+    same = [{"tokens": [5] * 32}]
+    assert ph.output_sanity(same)["degenerate"] is True
+
+# --------------------------------------------------------------------------------------------------------------
+# rooflines
+# --------------------------------------------------------------------------------------------------------------
+
+def test_rooflines_come_from_the_budget():
+    cfg = SolarOpen2Config.real()
+    r = ph.decode_roofline(cfg, 2, 2048 + 96)
+    assert math.isclose(r["per_seq_tok_s"], budget.decode_ceiling("h200", cfg, 2, 2144))
+    assert math.isclose(r["per_seq_tok_s"] * r["bytes_per_step_per_rank"], 4.8e12)
+    b = ph.decode_roofline(cfg, 2, 576, 64)
+    assert math.isclose(b["aggregate_tok_s"], 64 * budget.decode_ceiling("h200", cfg, 2, 576, batch=64))
+    assert b["aggregate_tok_s"] > 5 * r["per_seq_tok_s"]                   # batching amortises the weights
+    f = ph.with_roofline({"decode_tok_s": 240.0}, r, "decode_tok_s", "per_seq_tok_s", "decode-bandwidth")
+    assert math.isclose(f["fraction_of_roofline"], 240.0 / r["per_seq_tok_s"]) and f["value_tok_s"] == 240.0
+
+def test_prefill_flops_and_step_model():
+    cfg = SolarOpen2Config.real()
+    dense = 2 * (cfg.active_params() - cfg.vocab_size * cfg.hidden_size) / 2
+    f8, f32 = ph.prefill_flops_per_token(cfg, 2, 8192), ph.prefill_flops_per_token(cfg, 2, 32768)
+    assert dense < f8 < f32 < 1.5 * dense
+    assert math.isclose(f32 - f8, 12 * 4 * 64 * 128 * (32768 - 8192) / 2 / 2)
+    assert math.isclose(ph.prefill_roofline(cfg, 2, 8192)["tok_s"], ph.H200_BF16_FLOPS / f8)
+    us = ph.predicted_step_us(cfg, 2, 2048, allreduce_us=10.0)
+    mem = sum(v for k, v in us.items() if k not in ("allreduce", "total"))
+    assert math.isclose(mem, 1e6 * budget.decode_bytes(cfg, 2, 2048) / 4.8e12)
+    assert us["allreduce"] == 97 * 10.0 and math.isclose(us["total"], mem + 970)
+    assert ph.predicted_step_us(SolarOpen2Config.tiny(), 1, 512)["allreduce"] == 0
+
+# --------------------------------------------------------------------------------------------------------------
+# the profile
+# --------------------------------------------------------------------------------------------------------------
+
+KERNELS = {
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "allreduce",
+    "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)": "allreduce",
+    "void marlin_moe_wna16::Marlin<(vllm::ScalarType::Id)5, 256, 1, 8, 8, 8, true, false, 8, true>(int4 const*, ...)": "moe",
+    "void vllm::moe::moe_align_block_size_kernel<int>(int const*, int*, int*, int*, int, int, int, int, unsigned long, int*)": "moe",
+    "void vllm::moe::grouped_topk_fused_kernel<float, 8>(float*, ...)": "moe",
+    "fused_recurrent_gated_delta_rule_fwd_kernel": "kda",
+    "kda_gate_fwd_kernel": "kda",
+    "_causal_conv1d_update_kernel": "kda",
+    "layer_norm_gated_fwd_kernel": "kda",
+    "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "kda",
+    "void flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2, cute::tuple<...>>>(...)": "attention",
+    "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)": "attention",
+    "nvjet_hsh_128x64_64x5_2x1_v_bz_coopB_TNT": "dense_gemm",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": "dense_gemm",
+    "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, ...)": "norm_act",
+    "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norm_act",
+    "void vllm::act_and_mul_kernel<c10::BFloat16, &(c10::BFloat16 vllm::silu_kernel<c10::BFloat16>(c10::BFloat16 const&)), true>(...)": "norm_act",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(...)": "sampling",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4> >(...)": "norm_act",
+    "some_unknown_kernel": "other",
+}
+
+def test_classify_kernel():
+    for name, fam in KERNELS.items(): assert ph.classify_kernel(name) == fam, name
+    assert ph.classify_kernel("Memcpy DtoD (Device -> Device)", "gpu_memcpy") == "memcpy"
+
+def _trace(steps=4):
+    ev, t = [], 0.0
+    for s in range(steps):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)", "ts": t, "dur": 900})
+        for name, dur in (("nvjet_hsh_128x64_64x5_2x1_v_bz_coopB_TNT", 300), ("void marlin_moe_wna16::Marlin<...>", 100),
+                          ("fused_recurrent_gated_delta_rule_fwd_kernel", 20), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 40)):
+            ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": dur}); t += dur + 10
+        ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": t, "dur": 5}); t += 500
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 3})
+    return {"traceEvents": ev}
+
+def test_summarize_trace():
+    s = ph.summarize_trace(_trace(4), top_n=3)
+    assert s["steps"] == 4 and s["kernel_us"] == 4 * 465
+    fam = {r["family"]: r for r in s["families"]}
+    assert fam["dense_gemm"]["us_per_step"] == 300 and fam["moe"]["us_per_step"] == 100 and fam["memcpy"]["kernels"] == 4
+    assert [r["family"] for r in s["families"]][:2] == ["dense_gemm", "moe"]
+    assert len(s["top_kernels"]) == 3 and s["top_kernels"][0]["avg_us"] == 300
+    assert math.isclose(s["gpu_busy_us"], 4 * 465) and 0 < s["gpu_busy_fraction"] < 1
+    assert ph.summarize_trace(_trace(4), steps=2)["families"][0]["us_per_step"] == 600
+    rows = {r["family"]: r for r in ph.compare_profile(s, {"dense_gemm": 150.0, "moe": 100.0, "allreduce": 0.0})}
+    assert rows["dense_gemm"]["measured_over_predicted"] == 2.0 and rows["moe"]["measured_over_predicted"] == 1.0
+    assert rows["allreduce"]["measured_over_predicted"] is None and rows["attention"]["measured_us_per_step"] is None
+    assert ph._busy_us([(0, 10), (5, 12), (20, 21)]) == 13
+
+def test_trace_files_rank0_first(tmp_path):
+    import gzip
+    for n in ("dp0_pp0_tp1_dcp0_ep0_rank1.123.pt.trace.json.gz", "dp0_pp0_tp0_dcp0_ep0_rank0.124.pt.trace.json.gz"):
+        with gzip.open(tmp_path / n, "wt") as f: json.dump(_trace(1), f)
+    fs = ph.find_traces(tmp_path)
+    assert [p.name for p in fs] == ["dp0_pp0_tp0_dcp0_ep0_rank0.124.pt.trace.json.gz", "dp0_pp0_tp1_dcp0_ep0_rank1.123.pt.trace.json.gz"]
+    assert ph.summarize_trace(ph.load_trace(fs[0]))["steps"] == 1
+
+# --------------------------------------------------------------------------------------------------------------
+# results: assembly, merge, the log, the plot
+# --------------------------------------------------------------------------------------------------------------
+
+def _phase_result(a, phase, scale):
+    "A phase JSON as run_phase assembles it, with synthetic figures (`scale` x a fixed fraction of each roofline)."
+    cfg = SolarOpen2Config.real()
+    res = ph.new_result(a, phase, ["--phase", phase])
+    res.update(status="complete", gpu={"name": "NVIDIA H200"}, versions={"vllm": "0.25.1"})
+    res["kv_pool"] = {"predicted": ph.kv_prediction(a)}
+    res["kv_pool"]["comparison"] = ph.compare_kv(res["kv_pool"]["predicted"], ph.parse_engine_log(_sample_log()))
+    res["engine"] = {"init_s": 180.0, "log_final": ph.parse_engine_log(_sample_log())}
+    for c in a.decode_contexts:
+        roof = ph.decode_roofline(cfg, a.tp, c + a.decode_tokens / 2)
+        res["figures"][f"decode_bs1_ctx{c}"] = ph.with_roofline({"kind": "decode", "context": c, "batch": 1,
+            "decode_tok_s": scale * 0.3 * roof["per_seq_tok_s"]}, roof, "decode_tok_s", "per_seq_tok_s", "decode-bandwidth")
+    for c in a.prefill_contexts:
+        roof = ph.prefill_roofline(cfg, a.tp, c)
+        res["figures"][f"prefill_ctx{c}"] = ph.with_roofline({"kind": "prefill", "context": c, "batch": 1,
+            "prefill_tok_s": 0.2 * roof["tok_s"]}, roof, "prefill_tok_s", "tok_s", "prefill-compute")
+    for b in a.batch_sizes:
+        roof = ph.decode_roofline(cfg, a.tp, a.batch_prompt + a.batch_tokens / 2, b)
+        res["figures"][f"decode_bs{b}"] = ph.with_roofline({"kind": "batch", "context": a.batch_prompt, "batch": b,
+            "decode_tok_s": scale * 0.2 * roof["aggregate_tok_s"]}, roof, "decode_tok_s", "aggregate_tok_s", "decode-bandwidth")
+    res["profile"] = ph.summarize_trace(_trace(3)) | {"vs_prediction": []}
+    return res
+
+def test_json_roundtrip_merge_and_acceptance(tmp_path):
+    a = ph.parse_args(["--phase", "eager", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    e, g = _phase_result(a, "eager", 1.0), _phase_result(a, "graphs", 2.5)
+    ph.write_json(e, ph.out_paths(a, "perf_h200_eager.json"))
+    ph.write_json(g, ph.out_paths(a, "perf_h200_graphs.json"))
+    assert (tmp_path / "out" / "perf_h200_eager.json").exists()
+    r = ph.load_results(tmp_path)
+    assert r["eager"]["figures"].keys() == e["figures"].keys() and r["merged"] is None
+    assert r["eager"]["settings"]["kv_cache_memory_bytes"] == 16_000_000_000 and r["eager"]["command"].endswith("--phase eager")
+    m = ph.merge(r["eager"], r["graphs"])
+    assert [x["figure"] for x in m["rows"]] == ["decode_bs1_ctx2048", "decode_bs1_ctx32768", "prefill_ctx8192",
+                                               "prefill_ctx32768", "decode_bs8", "decode_bs32", "decode_bs64"]
+    d = m["rows"][0]
+    assert math.isclose(d["graphs_over_eager"], 2.5) and math.isclose(d["graphs_fraction"], 0.75)
+    acc = m["acceptance"]
+    assert acc["graphs_over_eager_ok"] is True and acc["fraction_ok"] is True and acc["kv_pool_match"] == {"eager": True, "graphs": True}
+    assert m["nvfp4_moe_backend"] == {"eager": "MARLIN", "graphs": "MARLIN"}
+    only = ph.merge(r["eager"], None)
+    assert only["rows"][0]["graphs_tok_s"] is None and only["acceptance"]["graphs_over_eager_ok"] is None
+    with pytest.raises(ValueError, match="nothing to merge"): ph.merge(None, None)
+    assert ph.main(["--phase", "merge", "--results-dir", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "perf_h200.json").read_text())["acceptance"]["graphs_over_eager_ok"] is True
+    txt = ph.summary_text(r["graphs"])
+    assert "decode_bs1_ctx2048" in txt and "match=True" in txt and "MARLIN" in txt
+
+def test_merge_without_results_exits_2(tmp_path, capsys):
+    assert ph.main(["--phase", "merge", "--results-dir", str(tmp_path)]) == 2
+    assert "nothing to merge" in capsys.readouterr().err
+
+def test_prediction_log(tmp_path, capsys):
+    a = ph.parse_args(["--phase", "graphs", "--results-dir", str(tmp_path)])
+    res = tmp_path / "g.json"
+    ph.write_json(_phase_result(a, "graphs", 2.0), [res])
+    measured = json.loads(res.read_text())["figures"]["decode_bs1_ctx2048"]["value_tok_s"]
+    log = tmp_path / "log.jsonl"
+    argv = ["--change", "fuse KDA q/k/v projections", "--figure", "decode_bs1_ctx2048", "--predicted", "300",
+            "--results", str(res), "--log", str(log), "--baseline", "250"]
+    assert ph.cli_log(argv) == 0
+    rows = ph.read_log(log)
+    assert len(rows) == 1 and set(rows[0]) == set(ph.LOG_FIELDS)
+    assert math.isclose(rows[0]["measured_tok_s"], measured) and math.isclose(rows[0]["measured_over_predicted"], round(measured / 300, 3))
+    assert ph.cli_log(["--change", "x", "--figure", "nope", "--predicted", "1", "--results", str(res), "--log", str(log)]) == 2
+    assert "no figure 'nope'" in capsys.readouterr().err
+    assert ph.cli_log(["--change", "x", "--figure", "f", "--predicted", "-1", "--log", str(log)]) == 2
+    assert ph.main(["log", "--change", "graph sizes", "--figure", "decode_bs8", "--predicted", "900", "--log", str(log)]) == 0
+    assert [r["measured_tok_s"] for r in ph.read_log(log)] == [measured, None]
+    assert ph.read_log(tmp_path / "absent.jsonl") == []
+
+def test_committed_prediction_log_is_well_formed():
+    rows = ph.read_log()
+    assert rows, "benchmarks/results/perf_log.jsonl should hold the baseline predictions"
+    for r in rows:
+        assert set(r) == set(ph.LOG_FIELDS) and r["predicted_tok_s"] > 0 and r["figure"]
+
+def test_plot_with_and_without_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    none = {"eager": None, "graphs": None, "merged": None}
+    d = pp.panel_data(none)
+    assert not d["measured"] and [r["key"] for r in d["decode"]] == ["decode_bs1_ctx2048", "decode_bs1_ctx32768"]
+    assert math.isclose(d["decode"][0]["roofline"], ph.decode_roofline(SolarOpen2Config.real(), 2, 2048 + 96)["per_seq_tok_s"])
+    pp.plot(none, tmp_path / "empty.png")
+    a = ph.parse_args(["--phase", "eager"])
+    res = {"eager": _phase_result(a, "eager", 1.0), "graphs": _phase_result(a, "graphs", 2.5), "merged": None}
+    d = pp.panel_data(res)
+    assert d["measured"] and math.isclose(d["decode"][0]["graphs"], 2.5 * d["decode"][0]["eager"]) and set(d["profile"]) == {"eager", "graphs"}
+    pp.plot(res, tmp_path / "full.png")
+    for f in ("empty.png", "full.png"): assert (tmp_path / f).read_bytes()[:4] == b"\x89PNG"
+
+# --------------------------------------------------------------------------------------------------------------
+# a whole phase against a fake engine: log capture, KV comparison, figures, profile, JSON, shutdown
+# --------------------------------------------------------------------------------------------------------------
+
+class FakeLLM:
+    "Stands in for vllm.LLM: logs what vLLM 0.25.1 logs at start-up (to fd 1), serves FakeEngine, writes traces."
+    last = None
+    def __init__(self, **kw):
+        FakeLLM.last, self.kw, self.shut, self.profiling = self, kw, False, None
+        pred = ph.kv_prediction(SimpleNamespace(tp=kw["tensor_parallel_size"], kv_bytes=kw["kv_cache_memory_bytes"],
+                                                max_model_len=kw["max_model_len"], max_num_seqs=kw["max_num_seqs"], config="real"))
+        os.write(1, _sample_log(tokens=f"{pred['gpu_kv_cache_tokens']:,}", conc=f"{pred['max_concurrency']:.2f}").encode())
+        self.llm_engine = FakeEngine()
+        self.llm_engine.engine_core = SimpleNamespace(shutdown=lambda timeout=None: setattr(self, "shut", True))
+    def start_profile(self): self.profiling = True
+    def stop_profile(self):
+        import gzip
+        d = Path(self.kw["profiler_config"]["torch_profiler_dir"]); d.mkdir(parents=True, exist_ok=True)
+        for r in (0, 1):
+            with gzip.open(d / f"dp0_pp0_tp{r}_dcp0_ep0_rank{r}.1.pt.trace.json.gz", "wt") as f: json.dump(_trace(5), f)
+
+@pytest.fixture
+def isolated_env(monkeypatch):
+    env, path = dict(os.environ), list(sys.path)
+    yield monkeypatch
+    os.environ.clear(); os.environ.update(env); sys.path[:] = path
+
+def _fake_phase(tmp_path, isolated_env, extra=()):
+    vllm = pytest.importorskip("vllm")
+    isolated_env.setattr(vllm, "LLM", FakeLLM, raising=False)
+    isolated_env.setattr(ph, "register_plugin", lambda: "fake.register")
+    argv = ["--phase", "graphs", "--decode-contexts", "2048", "--prefill-contexts", "8192", "--batch-sizes", "8",
+            "--decode-tokens", "16", "--batch-tokens", "8", "--prefill-repeats", "1", "--profile", "--profile-steps", "5",
+            "--results-dir", str(tmp_path / "res"), "--out", str(tmp_path / "out"), *extra]
+    rc = ph.main(argv)
+    return rc, json.loads((tmp_path / "res" / "perf_h200_graphs.json").read_text())
+
+def test_a_whole_phase_against_a_fake_engine(tmp_path, isolated_env):
+    rc, r = _fake_phase(tmp_path, isolated_env)
+    assert rc == 0 and r["status"] == "complete" and r["errors"] == [] and r["skipped"] == [], r.get("traceback")
+    assert sorted(r["figures"]) == ["decode_bs1_ctx2048", "decode_bs8", "prefill_ctx8192"]
+    assert r["kv_pool"]["comparison"]["match"] is True and r["engine"]["log"]["nvfp4_moe_backend"] == "MARLIN"
+    kw = FakeLLM.last.kw
+    assert kw["load_format"] == "dummy" and kw["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 32, 64]
+    cfg = SolarOpen2Config.from_pretrained(kw["model"])
+    assert cfg.num_hidden_layers == 48 and cfg.quantization_config["quant_method"] == "compressed-tensors"
+    assert FakeLLM.last.shut and FakeLLM.last.profiling
+    p = r["profile"]
+    assert p["steps"] == 5 and p["trace_file"].startswith("dp0_pp0_tp0_") and p["families"][0]["family"] == "dense_gemm"
+    assert {x["family"] for x in p["vs_prediction"]} >= {"dense_gemm", "moe", "kda", "attention", "allreduce"}
+    assert r["env"]["NCCL_NVLS_ENABLE"] == "0" and r["plugin"]["register"] == "fake.register"
+    assert r["plugin"]["shim"] and "solar_open2.vllm:register" in r["plugin"]["entry_point_seen"]
+    assert (tmp_path / "out" / "perf_h200_graphs.json").exists()
+    log = (tmp_path / "out" / "perf_h200_graphs.log").read_text()
+    assert "GPU KV cache size" in log and "NvFp4 MoE backend" in log
+    f = r["figures"]["decode_bs1_ctx2048"]
+    assert f["value_tok_s"] > 0 and math.isclose(f["fraction_of_roofline"], f["value_tok_s"] / f["roofline_tok_s"])
+    assert r["memory"]["source"].startswith("nvidia-smi") and r["wall_s"] > 0
+
+def test_a_phase_past_its_deadline_skips_and_says_so(tmp_path, isolated_env):
+    rc, r = _fake_phase(tmp_path, isolated_env, ["--deadline-s", "1"])
+    assert rc == 0 and r["status"] == "partial" and r["figures"] == {}
+    assert [s["what"] for s in r["skipped"]] == ["warmup", "decode_bs1_ctx2048", "prefill_ctx8192", "decode_bs8", "profile"]
+    assert r["kv_pool"]["comparison"]["match"] is True                # the engine facts are there all the same
+
+def test_a_failing_engine_is_reported(tmp_path, isolated_env):
+    vllm = pytest.importorskip("vllm")
+    def boom(**kw): raise RuntimeError("no NvFp4 MoE backend")
+    isolated_env.setattr(vllm, "LLM", boom, raising=False)
+    isolated_env.setattr(ph, "register_plugin", lambda: "fake.register")
+    rc = ph.main(["--phase", "eager", "--results-dir", str(tmp_path)])
+    r = json.loads((tmp_path / "perf_h200_eager.json").read_text())
+    assert rc == 1 and r["status"] == "failed" and "no NvFp4 MoE backend" in r["error"] and "RuntimeError" in r["traceback"]
+
+def test_markdown_table():
+    rows = [{"a": 1234.5, "b": None, "c": True}, {"a": 2.0, "b": "x", "c": False}]
+    t = pp.markdown_table(rows, [("A", "a", ",.1f"), ("B", "b", ""), ("C", "c", ""), ("2A", lambda r: 2 * r["a"], ".0f")])
+    assert t == "| A | B | C | 2A |\n|---|---|---|---|\n| 1,234.5 | — | yes | 2469 |\n| 2.0 | x | no | 4 |\n"
+
+def test_vllm_loads_the_shimmed_plugin_in_a_fresh_process(tmp_path):
+    "What every engine-core / worker / registry process does: `load_general_plugins()` finds the shim's entry point."
+    pytest.importorskip("vllm")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "probe_plugin.py").write_text(
+        "import os\ndef register():\n    open(os.environ['PROBE_MARKER'], 'a').write('registered\\n')\n")
+    root = ph.write_plugin_shim(tmp_path / "shim", entry_point="solar_open2 = probe_plugin:register")
+    env = dict(os.environ, PROBE_MARKER=str(tmp_path / "marker"))
+    env.pop("VLLM_PLUGINS", None)
+    ph.prepend_path(env, tmp_path / "pkg", root)
+    code = "from vllm.plugins import load_general_plugins as f; f(); f()"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "marker").read_text() == "registered\n"          # once per process
