@@ -262,9 +262,9 @@ def test_kda_reference_chapter_agrees(kda_bench):
     x = torch.randn(6, 256).to(torch.bfloat16)
     got = run_layer(layer, x, gdn_metadata([6], [1], [False]), kda_bench.vc)
     m = ref.KDALayer(TINY, layer_idx=1)
-    m.load_state_dict({k: v for k, v in kda_bench.W.items()}, strict=True)
-    y, _ = m(x.float()[None])
-    assert (got - y[0].float()).abs().max().item() < 3e-2 * y.abs().max().item()
+    m.load_state_dict(kda_bench.W, strict=True)
+    with torch.no_grad(): y, _ = m(x.float()[None])
+    assert (got - y[0].float()).abs().max().item() < 2e-2 * y.abs().max().item()   # bf16 projections vs fp32: ~0.5%
 
 
 def test_speculative_decoding_is_refused(tiny_dirs):
