@@ -1,0 +1,292 @@
+"""The checkpoint chapter across chapters: the real checkpoint's key list, preflight per failure, the reader's
+errors, the tiny checkpoint's determinism across processes and its tokenizer through transformers."""
+import hashlib, json, shutil, subprocess, sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from solar_open2 import nvfp4
+from solar_open2.checkpoint import (INDEX_NAME, CheckpointError, CheckpointReader, checkpoint_specs, cli_preflight,
+                                    preflight, scan_checkpoint, tiny_weights, _tiny_quantized)
+from solar_open2.config import SolarOpen2Config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --- the real checkpoint's tensors, enumerated by hand from architecture.md §3 (BF16) and §4.2/§4.3 (NVFP4) ---
+
+KDA_TENSORS = {  # §3, KDA layer, prefix model.layers.L.self_attn.
+    "q_proj.weight": (8192, 4096), "k_proj.weight": (8192, 4096), "v_proj.weight": (8192, 4096),
+    "o_proj.weight": (4096, 8192), "q_conv1d.weight": (8192, 1, 4), "k_conv1d.weight": (8192, 1, 4),
+    "v_conv1d.weight": (8192, 1, 4), "f_a_proj.weight": (128, 4096), "f_b_proj.weight": (8192, 128),
+    "g_a_proj.weight": (128, 4096), "g_b_proj.weight": (8192, 128), "b_proj.weight": (64, 4096),
+    "A_log": (1, 1, 64, 1), "dt_bias": (8192,), "o_norm.weight": (128,)}
+GQA_TENSORS = {"q_proj.weight": (8192, 4096), "k_proj.weight": (1024, 4096), "v_proj.weight": (1024, 4096),
+               "g_proj.weight": (8192, 4096), "o_proj.weight": (4096, 8192)}
+NVFP4_SUFFIXES = {  # §4.2 (Nota, compressed-tensors) and §4.3 (ModelOpt): suffix -> (dtype, shape of [out, in])
+    "compressed-tensors": {"weight_packed": ("uint8", lambda o, i: (o, i // 2)),
+                           "weight_scale": ("float8_e4m3fn", lambda o, i: (o, i // 16)),
+                           "weight_global_scale": ("float32", None), "input_global_scale": ("float32", None)},
+    "modelopt": {"weight": ("uint8", lambda o, i: (o, i // 2)), "weight_scale": ("float8_e4m3fn", lambda o, i: (o, i // 16)),
+                 "weight_scale_2": ("float32", None), "input_scale": ("float32", None)}}
+
+
+def real_checkpoint_tensors(convention=None):
+    "{name: (dtype, shape or None for a scalar)} of upstage/Solar-Open2-250B (convention None) or its NVFP4 build."
+    t = {"model.embed_tokens.weight": ("bfloat16", (196608, 4096)), "model.norm.weight": ("bfloat16", (4096,)),
+         "lm_head.weight": ("bfloat16", (196608, 4096))}
+    for L in range(48):
+        p = f"model.layers.{L}."
+        t[p + "input_layernorm.weight"] = ("bfloat16", (4096,))
+        t[p + "post_attention_layernorm.weight"] = ("bfloat16", (4096,))
+        attn = GQA_TENSORS if L in range(0, 48, 4) else KDA_TENSORS
+        t.update({p + "self_attn." + k: ("bfloat16", v) for k, v in attn.items()})
+        t[p + "mlp.gate.weight"] = ("bfloat16", (320, 4096))
+        t[p + "mlp.gate.e_score_correction_bias"] = ("float32", (320,))
+        for x, shp in (("gate", (1280, 4096)), ("up", (1280, 4096)), ("down", (4096, 1280))):
+            t[p + f"mlp.shared_experts.{x}_proj.weight"] = ("bfloat16", shp)
+            for e in range(320):
+                m = p + f"mlp.experts.{e}.{x}_proj"
+                if convention is None: t[m + ".weight"] = ("bfloat16", shp); continue
+                for suf, (dt, f) in NVFP4_SUFFIXES[convention].items(): t[f"{m}.{suf}"] = (dt, None if f is None else f(*shp))
+    return t
+
+
+@pytest.mark.parametrize("convention,count", [(None, 47_019), ("compressed-tensors", 185_259), ("modelopt", 185_259)])
+def test_real_checkpoint_key_list(convention, count):
+    want = real_checkpoint_tensors(convention)
+    got = {s.name: (s.dtype, tuple(s.shape)) for s in checkpoint_specs(SolarOpen2Config.real(), convention)}
+    assert len(want) == count and len(got) == count
+    assert set(got) == set(want)
+    for n, (dt, shp) in want.items():
+        assert got[n][0] == dt, n
+        if shp is None: assert got[n][1] in ((), (1,)), n       # a per-tensor global scale
+        else: assert got[n][1] == shp, n
+    # counts per kind, as architecture.md states them
+    names = list(got)
+    assert sum(".mlp.experts." in n for n in names) == 48 * 320 * 3 * (1 if convention is None else 4)
+    assert sum(n.endswith("self_attn.g_proj.weight") for n in names) == 12         # trap §6.4: 12 GQA output gates
+    assert sum(n.endswith("self_attn.f_a_proj.weight") for n in names) == 36
+
+
+# --- preflight: one test per failure ---------------------------------------------------------------------------
+
+@pytest.fixture
+def tree(tiny_checkpoints, tmp_path):
+    "A private copy of the compressed-tensors tiny tree, to break."
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoints["compressed-tensors"], d)
+    return d
+
+
+def _index(d): return json.loads((d / INDEX_NAME).read_text())
+def _write_index(d, idx): (d / INDEX_NAME).write_text(json.dumps(idx, indent=2))
+def _shard_of(d, name): return _index(d)["weight_map"][name]
+
+
+def _rewrite(d, shard, fn):
+    "Rewrite one shard through `fn(tensors) -> tensors` and keep the index in step (names and total_size)."
+    old = load_file(str(d / shard))
+    new = fn(dict(old))
+    save_file(new, str(d / shard), metadata={"format": "pt"})
+    idx = _index(d)
+    for k in set(old) - set(new): del idx["weight_map"][k]
+    for k in set(new) - set(old): idx["weight_map"][k] = shard
+    idx["metadata"]["total_size"] += sum(t.numel() * t.element_size() for t in new.values()) - \
+                                     sum(t.numel() * t.element_size() for t in old.values())
+    _write_index(d, idx)
+
+
+def _only(problems, *needles):
+    assert problems, "preflight found nothing"
+    assert any(all(n in p for n in needles) for p in problems), problems
+    return problems
+
+
+def test_good_trees_pass(tiny_checkpoints):
+    for fmt, d in tiny_checkpoints.items():
+        assert preflight(d) == [], fmt
+        assert cli_preflight([str(d)]) == 0
+
+
+def test_missing_shard(tree):
+    (tree / "model-00002-of-00004.safetensors").unlink()
+    p = preflight(tree)
+    assert len(p) == 1 and p[0].startswith("missing shard model-00002-of-00004.safetensors (") and "tensors indexed in it" in p[0]
+    assert cli_preflight([str(tree)]) == 1
+
+
+def test_truncated_shard(tree):
+    f = tree / "model-00003-of-00004.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    p = preflight(tree)
+    assert len(p) == 1 and p[0].startswith("model-00003-of-00004.safetensors: ") and "the shard is truncated" in p[0], p
+
+
+def test_incomplete_download(tree):
+    part = tree / ".cache" / "huggingface" / "download"
+    part.mkdir(parents=True)
+    (part / "abc123.incomplete").write_bytes(b"\0" * 10)
+    assert preflight(tree) == ["partial download left in the tree: .cache/huggingface/download/abc123.incomplete"]
+
+
+def test_index_names_missing_tensor(tree):
+    name = "model.layers.2.self_attn.b_proj.weight"
+    shard = _shard_of(tree, name)
+    f = tree / shard
+    t = load_file(str(f)); del t[name]; save_file(t, str(f), metadata={"format": "pt"})   # index left as it was
+    p = preflight(tree)
+    _only(p, f"{INDEX_NAME} names {name} in {shard}, but that shard has no such tensor")
+    _only(p, f"missing tensor {name}")
+
+
+def test_wrong_dtype(tree):
+    name = "model.layers.0.self_attn.q_proj.weight"
+    shard = _shard_of(tree, name)
+    _rewrite(tree, shard, lambda t: {**t, name: t[name].to(torch.float16)})
+    assert preflight(tree) == [f"{name} in {shard}: dtype float16, expected bfloat16"]
+    with pytest.raises(CheckpointError, match=f"{name} in {shard}: dtype float16"):
+        CheckpointReader(tree)
+
+
+def test_wrong_shape(tree):
+    name = "model.layers.1.self_attn.dt_bias"
+    shard = _shard_of(tree, name)
+    _rewrite(tree, shard, lambda t: {**t, name: t[name][:-1].clone()})
+    assert preflight(tree) == [f"{name} in {shard}: shape [511], expected [512]"]
+
+
+def test_mixed_conventions(tree):
+    mod = "model.layers.6.mlp.experts.1.up_proj"
+    shard = _shard_of(tree, mod + ".weight_packed")
+    def to_modelopt(t):
+        ct = {s: t.pop(f"{mod}.{s}") for s in nvfp4.SUFFIXES["compressed-tensors"]}
+        q = nvfp4.from_checkpoint(ct, "compressed-tensors", mod)
+        return {**t, **{f"{mod}.{s}": v for s, v in nvfp4.to_checkpoint(q, "modelopt").items()}}
+    _rewrite(tree, shard, to_modelopt)
+    _only(preflight(tree), "mixes NVFP4 conventions")
+
+
+def test_unindexed_shard(tree):
+    shutil.copy(tree / "model-00001-of-00004.safetensors", tree / "model-00005-of-00005.safetensors")
+    _only(preflight(tree), "shard model-00005-of-00005.safetensors is not in")
+
+
+def test_shard_count_disagrees_with_names(tree):
+    old, new = "model-00004-of-00004.safetensors", "model-00004-of-00005.safetensors"
+    (tree / old).rename(tree / new)
+    idx = _index(tree)
+    idx["weight_map"] = {k: (new if v == old else v) for k, v in idx["weight_map"].items()}
+    _write_index(tree, idx)
+    _only(preflight(tree), "shard names disagree on the shard count")
+
+
+def test_total_size_inconsistent(tree):
+    idx = _index(tree); idx["metadata"]["total_size"] += 2; _write_index(tree, idx)
+    _only(preflight(tree), "metadata.total_size")
+
+
+def test_unknown_tensor(tree):
+    shard = "model-00001-of-00004.safetensors"
+    _rewrite(tree, shard, lambda t: {**t, "model.layers.0.self_attn.q_norm.weight": torch.ones(128, dtype=torch.bfloat16)})
+    assert preflight(tree) == [f"unknown tensor model.layers.0.self_attn.q_norm.weight in {shard} (bfloat16 [128]): "
+                               "not part of the compressed-tensors NVFP4 checkpoint"]
+
+
+def test_quantization_config_missing(tree):
+    c = json.loads((tree / "config.json").read_text()); del c["quantization_config"]
+    (tree / "config.json").write_text(json.dumps(c))
+    _only(preflight(tree), "no quantization_config")
+
+
+def test_ignore_list_misses_a_projection(tree):
+    c = json.loads((tree / "config.json").read_text())
+    c["quantization_config"]["ignore"].remove("model.layers.4.self_attn.k_proj")
+    (tree / "config.json").write_text(json.dumps(c))
+    assert preflight(tree) == ["model.layers.4.self_attn.k_proj is BF16 in the checkpoint but not in "
+                               "quantization_config.ignore: vLLM would build it as NVFP4"]
+
+
+def test_bf16_tree_declaring_nvfp4(tiny_checkpoints, tmp_path):
+    d = tmp_path / "bf16"; shutil.copytree(tiny_checkpoints["bf16"], d)
+    c = json.loads((d / "config.json").read_text())
+    c["quantization_config"] = nvfp4.quantization_config("compressed-tensors", ["lm_head"])
+    (d / "config.json").write_text(json.dumps(c))
+    _only(preflight(d), "declares quantization_config", "no tensor is NVFP4")
+
+
+def test_no_config(tree):
+    (tree / "config.json").unlink()
+    _only(preflight(tree), "no config.json")
+    with pytest.raises(CheckpointError, match="no config.json"): CheckpointReader(tree)
+
+
+def test_cli_preflight_lines(tree, capsys):
+    (tree / "model-00002-of-00004.safetensors").unlink()
+    (tree / "x.part").write_bytes(b"")
+    (tree / "y.tmp").write_bytes(b"")
+    assert cli_preflight([str(tree), "--max-lines", "2"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["partial download left in the tree: x.part", "partial download left in the tree: y.tmp", "... and 1 more problems"]
+    assert cli_preflight([str(tree)]) == 1
+    assert capsys.readouterr().out.splitlines()[2].startswith("missing shard model-00002-of-00004.safetensors")
+    with pytest.raises(SystemExit) as e: cli_preflight([])
+    assert e.value.code == 2
+
+
+# --- the reader --------------------------------------------------------------------------------------------------
+
+def test_layers_straddle_shards(tiny_checkpoints):
+    "As in Nota's build, some layer's tensors sit in two shards; streaming reads them all."
+    with CheckpointReader(tiny_checkpoints["compressed-tensors"]) as r:
+        shards = {L: {r.tensors[n].shard for n in r.layer_names(L)} for L in range(8)}
+        assert any(len(s) > 1 for s in shards.values()), shards
+        n = sum(len(w) for _, w in r.iter_layers(progress=False))
+        assert n + 3 == len(r.tensors)
+
+
+def test_reader_loads_values_written(tiny_checkpoints):
+    "The BF16 tree holds exactly `tiny_weights` outside the experts, and the experts' NVFP4 dequantisation."
+    w, q = tiny_weights(0), _tiny_quantized(0)
+    with CheckpointReader(tiny_checkpoints["bf16"]) as r:
+        for L, lw in r.iter_layers(layers=[0, 3], progress=False):
+            for k, v in lw.items():
+                n = f"model.layers.{L}.{k}"
+                if ".experts." in k:
+                    assert torch.equal(v, q[n].dequantize(torch.bfloat16)), k
+                    plain = nvfp4.quantize(w[n], input_amax=16.0)       # the codec's own scales: same codes and blocks
+                    assert torch.equal(q[n].packed, plain.packed) and torch.equal(q[n].scale.float(), plain.scale.float()), k
+                    ratio = (q[n].global_scale / plain.global_scale).item()   # global scale moved to a power of two
+                    assert 2 ** -0.5 <= ratio <= 2 ** 0.5 and torch.log2(q[n].global_scale).frac().item() == 0, k
+                    assert nvfp4.relative_rms(v.float(), w[n].float() * ratio) < 0.15, k    # NVFP4 error of Gaussian weights
+                else: assert torch.equal(v, w[n]), k
+        assert torch.equal(r.get("lm_head.weight"), w["lm_head.weight"])
+
+
+# --- the tiny checkpoint: deterministic across processes, tokenizer usable by transformers ------------------------
+
+def _digest(d):
+    h = hashlib.sha256()
+    for f in sorted(Path(d).iterdir()): h.update(f.name.encode()); h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def test_make_tiny_deterministic_across_processes(tiny_checkpoints, tmp_path):
+    code = f"from solar_open2.checkpoint import make_tiny; make_tiny({str(tmp_path / 'x')!r}, 'modelopt')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert _digest(tmp_path / "x") == _digest(tiny_checkpoints["modelopt"])
+
+
+def test_tokenizer_through_transformers(tiny_checkpoints):
+    transformers = pytest.importorskip("transformers")
+    from solar_open2 import chat
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_checkpoints["compressed-tensors"]))
+    assert len(tok) == 1024 and tok.eos_token_id == 2 and tok.bos_token_id == 1
+    for s, i in chat.SPECIAL_TOKENS.items(): assert tok.convert_tokens_to_ids(s) == i
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The capital of Japan is?"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == chat.render_chat(msgs)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == 128 and ids[-1] == chat.SPECIAL_TOKENS[chat.THINK_START]
