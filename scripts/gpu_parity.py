@@ -22,9 +22,11 @@ Pass: every prompt's tokens equal the reference's (near-ties excepted), max |Δl
 dequantised weights), and eager == graphs. Writes `gpu_parity.json` to --out (default: $OUT if set, else
 benchmarks/results/) and exits 1 if any check fails.
 
-The plugin must be visible to vLLM's engine process: install the checkout (`pip install --no-deps -e .`, which
-declares the `vllm.general_plugins` entry point). Without the entry point the script registers the plugin by hand
-and runs the engine in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and says so in the JSON.
+The plugin must be visible to every process vLLM starts. If the checkout is installed (`pip install --no-deps -e .`
+declares the `vllm.general_plugins` entry point) that is all; otherwise the script writes a throw-away `*.dist-info`
+declaring the same entry point into a temporary directory and puts it, with the repository root, on the children's
+PYTHONPATH (as `benchmarks/perf_h200.py` does), so vLLM's own `load_general_plugins()` finds it in the engine core
+and the workers. The JSON records which.
 """
 import argparse, importlib.metadata, json, os, platform, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -49,13 +51,20 @@ def plugin_entry_point() -> bool:
                for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
 
 
+def entry_point_shim(root: Path) -> Path:
+    "A minimal `*.dist-info` under `root` declaring the plugin's entry point; put `root` on PYTHONPATH."
+    d = root / "solar_open2_parity_plugin_shim-0.0.0.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: solar_open2_parity_plugin_shim\nVersion: 0.0.0\n")
+    (d / "entry_points.txt").write_text("[vllm.general_plugins]\nsolar_open2 = solar_open2.vllm:register\n")
+    return root
+
+
 # ---- child: one vLLM engine ------------------------------------------------------------------------------------
 
 def run_vllm(model_dir: str, mode: str, n_tokens: int) -> dict:
     "Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs."
-    if not plugin_entry_point():
-        import solar_open2.vllm as plugin
-        plugin.register()
+    if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="bfloat16", seed=0,
               max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.3, enable_prefix_caching=False)
@@ -89,26 +98,18 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int) -> dict:
 # ---- parent: reference, comparisons -----------------------------------------------------------------------------
 
 def load_reference(ckpt_dir: Path, device: str):
-    "The reference model (chapter 05) on `ckpt_dir`, fp32, eval mode."
+    "The reference model (chapter 05) on `ckpt_dir`: fp32 dense weights, NVFP4 experts dequantised on use."
     import torch
-    from solar_open2 import model as ref
-    cls = ref.SolarOpen2ForCausalLM
-    for name in ("from_pretrained", "from_checkpoint", "load"):
-        if hasattr(cls, name):
-            m = getattr(cls, name)(ckpt_dir)
-            break
-    else:
-        m = ref.load_model(ckpt_dir)
-    return m.to(device=device, dtype=torch.float32).eval()
+    from solar_open2.model import SolarOpen2ForCausalLM
+    return SolarOpen2ForCausalLM.from_pretrained(ckpt_dir, dtype=torch.float32, device=device, cache_experts=True)
 
 
 def reference_logprobs(m, ids: list, device: str):
-    "log-softmax over the vocabulary at every position of `ids` (full-sequence forward, fp32): [T, V]."
+    "log-softmax over the vocabulary at every position of `ids` (one full-sequence forward, fp32): [T, V]."
     import torch
     with torch.no_grad():
-        out = m(torch.tensor([ids], device=device))
-        logits = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
-        return torch.log_softmax(logits[0].float(), -1)
+        logits, _ = m(torch.tensor([ids], device=device))                     # [1, T, V] fp32
+        return torch.log_softmax(logits[0], -1)
 
 
 def compare(m, prompt: list, got: dict, device: str, tie_nats: float) -> dict:
@@ -151,15 +152,15 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_parity: no CUDA device", file=sys.stderr); return 2
     from solar_open2.checkpoint import make_tiny
-    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    in_process = not plugin_entry_point()
-    if in_process: env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="solar_parity_"))
+    installed = plugin_entry_point()
+    paths = [str(ROOT)] + ([] if installed else [str(entry_point_shim(work / "shim"))])
+    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     import vllm
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "gpu": torch.cuda.get_device_name(0),
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
-              "plugin_entry_point_installed": not in_process, "tokens": a.tokens, "logprob_tol": a.logprob_tol,
+              "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens, "logprob_tol": a.logprob_tol,
               "tie_nats": a.tie_nats, "runs": {}, "failures": []}
-    work = Path(a.workdir or tempfile.mkdtemp(prefix="solar_parity_"))
     ps = prompts()
     for fmt in a.formats:
         ck = work / f"tiny_{fmt.replace('-', '_')}"

@@ -1,7 +1,7 @@
 """The vLLM plugin against the real vllm==0.25.1 package, on a CPU (chapter 08, issue 8).
 
-Registration and packaging, the model built on the tiny config, `load_weights` on tiny NVFP4 (compressed-tensors and
-ModelOpt) and BF16 checkpoints (every parameter and every checkpoint tensor, both directions, values bit for bit), the
+Registration and packaging, the model built on the tiny config, `load_weights` on the built-in tiny NVFP4
+(compressed-tensors and ModelOpt) and BF16 checkpoints (every parameter and every checkpoint tensor, both directions, values bit for bit), the
 ignore-list resolution, the 1072-token hybrid block of the real config, and the KDA traps (beta doubling, the gate
 applied once, separate q/k/v). vLLM's CPU platform is forced before any vLLM module is imported (see
 `solar_open2.vllm.testing`). GPU numerics: `scripts/gpu_parity.py` and `tests/test_plugin_gpu.py`.
@@ -20,9 +20,9 @@ force_cpu_platform()
 
 from solar_open2.config import SolarOpen2Config, FULL, LINEAR                      # noqa: E402
 from solar_open2 import vllm as plugin                                             # noqa: E402
-from solar_open2.vllm.testing import (RecordingKernels, build_model, checkpoint_slices, cpu_vllm_config,  # noqa: E402
-                                      gdn_metadata, kda_layer, plain_kda, run_layer, same_values,
-                                      synthetic_checkpoint, write_config)
+from solar_open2.checkpoint import tiny_checkpoint                                  # noqa: E402
+from solar_open2.vllm.testing import (RecordingKernels, build_model, checkpoint_slices, checkpoint_tensors,  # noqa: E402
+                                      cpu_vllm_config, gdn_metadata, kda_layer, plain_kda, run_layer, same_values)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = SolarOpen2Config.tiny()
@@ -30,14 +30,9 @@ FORMATS = ("compressed-tensors", "modelopt", "bf16")
 
 
 @pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    "One config directory per checkpoint format of the tiny model."
-    out = {}
-    for fmt in FORMATS:
-        d = tmp_path_factory.mktemp(fmt.replace("-", "_"))
-        write_config(d, TINY, fmt)
-        out[fmt] = d
-    return out
+def tiny_dirs():
+    "The built-in tiny checkpoint (chapter 06) in each format: Nota's compressed-tensors NVFP4, ModelOpt NVFP4, BF16."
+    return {fmt: tiny_checkpoint(fmt) for fmt in FORMATS}
 
 
 # --- registration and packaging ---------------------------------------------------------------------------------
@@ -108,7 +103,7 @@ def test_load_weights_every_parameter_and_every_tensor(tiny_dirs, fmt):
     from solar_open2.vllm.model import _OPTIONAL_PARAMS
     vc = cpu_vllm_config(tiny_dirs[fmt])
     model = build_model(vc)
-    ckpt = synthetic_checkpoint(TINY, fmt, seed=5)
+    ckpt = checkpoint_tensors(tiny_dirs[fmt])
     seen = []
     loaded = model.load_weights((seen.append(n) or (n, t)) for n, t in ckpt.items())
     params = dict(model.named_parameters())
@@ -125,7 +120,7 @@ def test_load_weights_every_parameter_and_every_tensor(tiny_dirs, fmt):
 def test_load_weights_refuses_unknown_missing_and_fused_kda(tiny_dirs):
     from solar_open2.vllm.model import WeightLoadError
     vc = cpu_vllm_config(tiny_dirs["bf16"])
-    ckpt = synthetic_checkpoint(TINY, "bf16", seed=6)
+    ckpt = checkpoint_tensors(tiny_dirs["bf16"])
     with pytest.raises(WeightLoadError, match=r"1 checkpoint tensor\(s\) the model does not know.*model.layers.8"):
         build_model(vc).load_weights(iter({**ckpt, "model.layers.8.mlp.gate.weight": torch.zeros(8, 256)}.items()))
     with pytest.raises(WeightLoadError, match=r"model.layers.4.self_attn.g_proj.weight"):
@@ -169,7 +164,7 @@ def test_real_config_state_gives_the_1072_token_block(tmp_path, tp, page):
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
     from solar_open2.vllm.model import SolarOpen2ForCausalLM as M
-    write_config(tmp_path, SolarOpen2Config.real())
+    SolarOpen2Config.real().save(tmp_path)                                      # the config is all this needs
     vc = cpu_vllm_config(tmp_path, parallel_config=ParallelConfig(tensor_parallel_size=tp))
     shapes, dtypes = M.get_mamba_state_shape_from_config(vc), M.get_mamba_state_dtype_from_config(vc)
     assert shapes == ((3, 3 * 8192 // tp), (64 // tp, 128, 128)) and dtypes == (torch.bfloat16, torch.float32)
@@ -185,13 +180,12 @@ def test_real_config_state_gives_the_1072_token_block(tmp_path, tp, page):
 # --- the KDA traps ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def kda_bench(tmp_path_factory):
+def kda_bench():
     from vllm.config import SchedulerConfig
-    d = tmp_path_factory.mktemp("kda")
-    write_config(d, TINY)
+    d = tiny_checkpoint("bf16")
     vc = cpu_vllm_config(d, scheduler_config=SchedulerConfig(max_model_len=TINY.max_position_embeddings, is_encoder_decoder=False,
                                                              max_num_batched_tokens=130, max_num_seqs=3, enable_chunked_prefill=True))
-    ck = synthetic_checkpoint(TINY, "bf16", seed=7)
+    ck = checkpoint_tensors(d)
     W = {k.removeprefix("model.layers.1.self_attn."): v for k, v in ck.items() if k.startswith("model.layers.1.self_attn.")}
     return SimpleNamespace(vc=vc, W=W, n=iter(range(10, 100)))
 
