@@ -67,6 +67,10 @@ def test_register_is_idempotent_and_complete():
     assert f"{m.module_name}:{m.class_name}" == plugin.MODEL_CLASS
     assert CompilationConfig._attention_ops.count(plugin.KDA_OP) == 1
     assert MODELS_CONFIG_MAP[plugin.ARCH] is SolarOpen2ConfigHook
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+    assert ReasoningParserManager.lazy_parsers["solar_open2"] == ("solar_open2.vllm.parsers", "SolarOpen2ReasoningParser")
+    assert ToolParserManager.lazy_parsers["solar_open2"] == ("solar_open2.vllm.parsers", "SolarOpen2ToolParser")
 
 
 def test_import_solar_open2_never_imports_vllm():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 # %% auto #0
-__all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'VLLM_VERSION', 'ENTRY_POINT', 'register']
+__all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME',
+           'PARSERS_MODULE', 'register']
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #b8ef2976
 log = logging.getLogger("solar_open2.vllm")
@@ -19,6 +20,8 @@ KDA_OP_NAME = "solar_open2_kda_attention"                     # our custom op, r
 KDA_OP = "vllm::" + KDA_OP_NAME                               # the name CompilationConfig splits graphs at
 VLLM_VERSION = "0.25.1"                                       # the engine this plugin is written against
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`
+PARSER_NAME = "solar_open2"                                   # --reasoning-parser / --tool-call-parser name
+PARSERS_MODULE = "solar_open2.vllm.parsers"                   # chapter 11a's vLLM adapters (imported lazily)
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #17ffe44c
 def _register_config(cls)->None:
@@ -40,6 +43,12 @@ def _register_splitting_op()->None:
     from vllm.config.compilation import CompilationConfig
     if KDA_OP not in CompilationConfig._attention_ops: CompilationConfig._attention_ops.append(KDA_OP)
 
+def _register_parsers()->None:
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+    ReasoningParserManager.register_lazy_module(PARSER_NAME, PARSERS_MODULE, "SolarOpen2ReasoningParser")
+    ToolParserManager.register_lazy_module(PARSER_NAME, PARSERS_MODULE, "SolarOpen2ToolParser")
+
 def _register_config_hook(hook)->None:
     try:
         from vllm.model_executor.models.config import MODELS_CONFIG_MAP
@@ -49,7 +58,7 @@ def _register_config_hook(hook)->None:
 _warned_version = False
 
 def register()->None:
-    "vLLM general plugin (`vllm.general_plugins`): register the config, the model class and the KDA splitting op."
+    "vLLM general plugin (`vllm.general_plugins`): register the config, the model class, the KDA splitting op, the parsers."
     global _warned_version
     import vllm
     from .config import SolarOpen2HFConfig, SolarOpen2ConfigHook
@@ -60,3 +69,4 @@ def register()->None:
     _register_model()
     _register_splitting_op()
     _register_config_hook(SolarOpen2ConfigHook)
+    _register_parsers()
