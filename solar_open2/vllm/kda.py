@@ -204,7 +204,7 @@ def warmup_tokens(max_num_batched_tokens:int, cap:int=2048, chunk:int=64)->int:
 
 # %% ../../nbs/08d_vllm_kda.ipynb #8a996fdb
 class SolarOpen2KDA(nn.Module, MambaBase):
-    "Solar-Open2's KDA mixer on vLLM: projections in `forward`, conv + delta rule in the custom op `_forward`."
+    "Solar-Open2's KDA mixer on vLLM: projections in `forward`, conv and delta rule inside the custom op."
     def __init__(self, config:SolarOpen2Config, vllm_config:VllmConfig, prefix:str=""):
         super().__init__()
         refuse_speculative(vllm_config)
