@@ -8,6 +8,10 @@ import dataclasses
 from transformers import PretrainedConfig
 from ..config import SolarOpen2Config, REQUIRED_KEYS
 
+# %% auto #0
+__all__ = ['SPEC_DECODE_ERROR', 'SolarOpen2HFConfig', 'solar_config_of', 'refuse_speculative', 'SolarOpen2ConfigHook']
+
+# %% ../../nbs/08a_vllm_config.ipynb #ab45c962
 _SOLAR_FIELDS = tuple(f.name for f in dataclasses.fields(SolarOpen2Config) if f.name != "extra")
 _TO_BASE = ("model_type", "architectures", "torch_dtype")   # fields transformers' base class owns
 
@@ -33,9 +37,6 @@ class SolarOpen2HFConfig(PretrainedConfig):
         kwargs.setdefault("architectures", solar.architectures)
         if kwargs.get("dtype") is None and kwargs.get("torch_dtype") is None: kwargs["torch_dtype"] = solar.torch_dtype
         super().__init__(**kwargs)
-
-# %% auto #0
-__all__ = ['SPEC_DECODE_ERROR', 'SolarOpen2HFConfig', 'solar_config_of', 'refuse_speculative', 'SolarOpen2ConfigHook']
 
 # %% ../../nbs/08a_vllm_config.ipynb #a9bd1056
 def _from_dict(cls, config_dict:dict, **kwargs):
