@@ -2,7 +2,7 @@
 """GPU parity of the vLLM plugin against the reference model, on the tiny checkpoints (issue 8 acceptance).
 
     python scripts/gpu_parity.py [--formats compressed-tensors bf16] [--modes eager graphs] [--tokens 64]
-                                 [--out DIR] [--workdir DIR] [--deadline-s 560]
+                                 [--out DIR] [--name gpu_parity] [--workdir DIR] [--deadline-s 560]
 
 For each tiny checkpoint (`solar_open2.checkpoint.make_tiny`: Nota's NVFP4 compressed-tensors layout and its BF16
 twin with the dequantised experts) and each mode (`eager`: `enforce_eager=True`; `graphs`: torch.compile with
@@ -19,8 +19,8 @@ checkpoint and compares:
 
 Pass: every prompt's tokens equal the reference's (near-ties excepted), max |Δlogprob| <= --logprob-tol (default
 0.1 nats: vLLM computes in bf16, the reference in fp32; NVFP4 runs through Marlin W4A16 on Hopper, i.e. the same
-dequantised weights), and eager == graphs. Writes `gpu_parity.json` to --out (default: $OUT if set, else
-benchmarks/results/) and exits 1 if any check fails.
+dequantised weights), and eager == graphs. Writes `<name>.json` (default `gpu_parity.json`) and one engine log per
+run to --out (default: $OUT if set, else benchmarks/results/) and exits 1 if any check fails.
 
 The plugin must be visible to every process vLLM starts. If the checkout is installed (`pip install --no-deps -e .`
 declares the `vllm.general_plugins` entry point) that is all; otherwise the script writes a throw-away `*.dist-info`
@@ -141,6 +141,7 @@ def main() -> int:
     ap.add_argument("--logprob-tol", type=float, default=0.1)
     ap.add_argument("--tie-nats", type=float, default=0.05)
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--name", default="gpu_parity", help="name of the JSON report (and prefix of the logs)")
     ap.add_argument("--workdir", default=None, help="where the tiny checkpoints are written (default: a temp dir)")
     ap.add_argument("--deadline-s", type=float, default=560, help="stop starting engines after this many seconds")
     ap.add_argument("--child-model"); ap.add_argument("--child-mode"); ap.add_argument("--child-out")
@@ -174,8 +175,8 @@ def main() -> int:
             r = subprocess.run([sys.executable, __file__, "--child-model", str(ck), "--child-mode", mode,
                                 "--child-out", str(outf), "--tokens", str(a.tokens)], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
-            (Path(a.out) / f"gpu_parity_{fmt}_{mode}.log").parent.mkdir(parents=True, exist_ok=True)
-            (Path(a.out) / f"gpu_parity_{fmt}_{mode}.log").write_text(r.stdout + r.stderr)
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / f"{a.name}_{fmt}_{mode}.log").write_text(r.stdout + r.stderr)
             if r.returncode != 0:
                 report["failures"].append(f"{fmt}/{mode}: vLLM run failed (rc {r.returncode}): {(r.stderr or r.stdout)[-800:]}")
                 continue
@@ -206,7 +207,7 @@ def main() -> int:
     report["wall_s"] = round(time.time() - t_start, 1)
     report["passed"] = not report["failures"]
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_parity.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")
     summary = {f: {m: {"max_dlogprob": max(c["max_abs_dlogprob"] for c in r["modes"][m]["prompts"]),
                        "token_mismatches": sum(len(c["mismatches"]) for c in r["modes"][m]["prompts"]),
                        "near_ties": sum(len(c["near_ties"]) for c in r["modes"][m]["prompts"]),
