@@ -172,9 +172,14 @@ def main() -> int:
                 report["failures"].append(f"{fmt}/{mode}: not run (deadline)"); continue
             outf = work / f"vllm_{fmt}_{mode}.json"
             t = time.time()
-            r = subprocess.run([sys.executable, __file__, "--child-model", str(ck), "--child-mode", mode,
-                                "--child-out", str(outf), "--tokens", str(a.tokens)], env=env, cwd=ROOT,
-                               capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
+            try:
+                r = subprocess.run([sys.executable, __file__, "--child-model", str(ck), "--child-mode", mode,
+                                    "--child-out", str(outf), "--tokens", str(a.tokens)], env=env, cwd=ROOT,
+                                   capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
+            except subprocess.TimeoutExpired as e:
+                r = subprocess.CompletedProcess(e.cmd, 124, e.stdout or "", (e.stderr or "") + "\n[gpu_parity: timed out]")
+                r.stdout = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
+                r.stderr = r.stderr.decode() if isinstance(r.stderr, bytes) else r.stderr
             Path(a.out).mkdir(parents=True, exist_ok=True)
             (Path(a.out) / f"{a.name}_{fmt}_{mode}.log").write_text(r.stdout + r.stderr)
             if r.returncode != 0:
@@ -182,8 +187,11 @@ def main() -> int:
                 continue
             runs[mode] = json.loads(outf.read_text())
             runs[mode]["wall_s"] = round(time.time() - t, 1)
-        m = load_reference(ck, "cuda") if runs else None
         fr = {"modes": {}}
+        try: m = load_reference(ck, "cuda") if runs else None
+        except Exception as e:
+            report["failures"].append(f"{fmt}: reference model failed to load: {type(e).__name__}: {e}")
+            runs, m = {}, None
         for mode, res in runs.items():
             cmp_ = [compare(m, p, g, "cuda", a.tie_nats) for p, g in zip(ps, res["single"])]
             same_batched = [g["tokens"] == b["tokens"] for g, b in zip(res["single"], res["batched"])]
