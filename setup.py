@@ -51,6 +51,7 @@ setup(
     entry_points={
         "console_scripts": ["solar-open2=solar_open2.cli:main"],
         "nbdev": [f"{c['lib_path']}={c['lib_path']}._modidx:d"],
+        "vllm.general_plugins": ["solar_open2 = solar_open2.vllm:register"],
     },
     zip_safe=False,
 )

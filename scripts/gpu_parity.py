@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""GPU parity of the vLLM plugin against the reference model, on the tiny checkpoints (issue 8 acceptance).
+
+    python scripts/gpu_parity.py [--formats compressed-tensors bf16] [--modes eager graphs] [--tokens 64]
+                                 [--out DIR] [--name gpu_parity] [--workdir DIR] [--deadline-s 560]
+
+For each tiny checkpoint (`solar_open2.checkpoint.make_tiny`: Nota's NVFP4 compressed-tensors layout and its BF16
+twin with the dequantised experts) and each mode (`eager`: `enforce_eager=True`; `graphs`: torch.compile with
+piecewise + full CUDA graphs), it runs `vllm.LLM` through the plugin in a fresh subprocess with greedy decoding of
+`--tokens` new tokens for several token-id prompts (lengths 5 to 200, one run per prompt and one batched run), keeping
+each new token's logprob. Then it runs the reference model (`solar_open2.model`, pure torch, fp32) on the same
+checkpoint and compares:
+
+* tokens: teacher-forced on vLLM's sequence, whether each vLLM token is the reference's argmax (if all are, the
+  reference's own greedy continuation is the same sequence, by induction); a mismatch where the reference's top-2
+  margin is below `--tie-nats` is counted as a near-tie, not a failure;
+* logprobs: |vLLM logprob - reference log-softmax of the same token| per position (max and mean);
+* eager vs graphs: identical tokens and the logprob difference.
+
+Pass: every prompt's tokens equal the reference's (near-ties excepted), max |Δlogprob| <= --logprob-tol (default
+0.1 nats: vLLM computes in bf16, the reference in fp32; NVFP4 runs through Marlin W4A16 on Hopper, i.e. the same
+dequantised weights), and eager == graphs. Writes `<name>.json` (default `gpu_parity.json`) and one engine log per
+run to --out (default: $OUT if set, else benchmarks/results/) and exits 1 if any check fails.
+
+The plugin must be visible to every process vLLM starts. If the checkout is installed (`pip install --no-deps -e .`
+declares the `vllm.general_plugins` entry point) that is all; otherwise the script writes a throw-away `*.dist-info`
+declaring the same entry point into a temporary directory and puts it, with the repository root, on the children's
+PYTHONPATH (as `benchmarks/perf_h200.py` does), so vLLM's own `load_general_plugins()` finds it in the engine core
+and the workers. The JSON records which.
+"""
+import argparse, importlib.metadata, json, os, platform, subprocess, sys, tempfile, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ("compressed-tensors", "bf16")
+MODES = ("eager", "graphs")
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+       "VLLM_USE_FLASHINFER_SAMPLER": "0", "TRITON_CACHE_AUTOTUNING": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def prompts(vocab: int = 1024, first: int = 142) -> list:
+    "Deterministic token-id prompts (no special tokens): short, one chunk, several chunks, 200 tokens."
+    out = []
+    for n, (a, b) in zip((5, 17, 64, 130, 200), ((7, 3), (13, 5), (29, 11), (31, 17), (37, 19))):
+        out.append([first + (a * i * i + b * i + n) % (vocab - first) for i in range(n)])
+    return out
+
+
+def plugin_entry_point() -> bool:
+    return any(ep.value == "solar_open2.vllm:register"
+               for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
+
+
+def entry_point_shim(root: Path) -> Path:
+    "A minimal `*.dist-info` under `root` declaring the plugin's entry point; put `root` on PYTHONPATH."
+    d = root / "solar_open2_parity_plugin_shim-0.0.0.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: solar_open2_parity_plugin_shim\nVersion: 0.0.0\n")
+    (d / "entry_points.txt").write_text("[vllm.general_plugins]\nsolar_open2 = solar_open2.vllm:register\n")
+    return root
+
+
+# ---- child: one vLLM engine ------------------------------------------------------------------------------------
+
+def run_vllm(model_dir: str, mode: str, n_tokens: int) -> dict:
+    "Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs."
+    if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
+    from vllm import LLM, SamplingParams
+    kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+              max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    if mode == "eager": kw["enforce_eager"] = True
+    else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    t_init = time.perf_counter() - t0
+    sp = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, detokenize=False, logprobs=1)
+
+    def gen(ps):
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
+        res = []
+        for o in outs:
+            c = o.outputs[0]
+            res.append({"tokens": list(c.token_ids),
+                        "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]})
+        return res
+
+    ps = prompts()
+    t = time.perf_counter()
+    single = [gen([p])[0] for p in ps]
+    t_single = time.perf_counter() - t
+    batched = gen(ps)
+    cfg = llm.llm_engine.vllm_config
+    return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched,
+            "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
+            "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode)}
+
+
+# ---- parent: reference, comparisons -----------------------------------------------------------------------------
+
+def load_reference(ckpt_dir: Path, device: str):
+    "The reference model (chapter 05) on `ckpt_dir`: fp32 dense weights, NVFP4 experts dequantised on use."
+    import torch
+    from solar_open2.model import SolarOpen2ForCausalLM
+    return SolarOpen2ForCausalLM.from_pretrained(ckpt_dir, dtype=torch.float32, device=device, cache_experts=True)
+
+
+def reference_logprobs(m, ids: list, device: str):
+    "log-softmax over the vocabulary at every position of `ids` (one full-sequence forward, fp32): [T, V]."
+    import torch
+    with torch.no_grad():
+        logits, _ = m(torch.tensor([ids], device=device))                     # [1, T, V] fp32
+        return torch.log_softmax(logits[0], -1)
+
+
+def compare(m, prompt: list, got: dict, device: str, tie_nats: float) -> dict:
+    "Teacher-force vLLM's sequence through the reference; compare each token with its argmax, and the logprobs."
+    n = len(got["tokens"])
+    lp = reference_logprobs(m, prompt + got["tokens"], device)[len(prompt) - 1: len(prompt) - 1 + n]   # [n, V]
+    top2 = lp.topk(2, -1)
+    mism, ties, dlp = [], [], []
+    for i, t in enumerate(got["tokens"]):
+        dlp.append(abs(got["logprobs"][i] - float(lp[i, t])))
+        if t != int(top2.indices[i, 0]):
+            (ties if float(top2.values[i, 0] - lp[i, t]) < tie_nats else mism).append(i)
+    div = min(mism + ties) if mism + ties else None
+    return {"prompt_len": len(prompt), "mismatches": mism, "near_ties": ties, "first_divergence": div,
+            "max_abs_dlogprob": max(dlp), "mean_abs_dlogprob": sum(dlp) / n}
+
+
+def child_main(a) -> int:
+    res = run_vllm(a.child_model, a.child_mode, a.tokens)
+    Path(a.child_out).write_text(json.dumps(res))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=("compressed-tensors", "modelopt", "bf16"))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--logprob-tol", type=float, default=0.1)
+    ap.add_argument("--tie-nats", type=float, default=0.05)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--name", default="gpu_parity", help="name of the JSON report (and prefix of the logs)")
+    ap.add_argument("--workdir", default=None, help="where the tiny checkpoints are written (default: a temp dir)")
+    ap.add_argument("--deadline-s", type=float, default=560, help="stop starting engines after this many seconds")
+    ap.add_argument("--child-model"); ap.add_argument("--child-mode"); ap.add_argument("--child-out")
+    a = ap.parse_args()
+    if a.child_model: return child_main(a)
+
+    import torch
+    t_start = time.time()
+    if not torch.cuda.is_available():
+        print("gpu_parity: no CUDA device", file=sys.stderr); return 2
+    from solar_open2.checkpoint import make_tiny
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="solar_parity_"))
+    installed = plugin_entry_point()
+    paths = [str(ROOT)] + ([] if installed else [str(entry_point_shim(work / "shim"))])
+    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    import vllm
+    report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "gpu": torch.cuda.get_device_name(0),
+              "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
+              "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens, "logprob_tol": a.logprob_tol,
+              "tie_nats": a.tie_nats, "runs": {}, "failures": []}
+    ps = prompts()
+    for fmt in a.formats:
+        ck = work / f"tiny_{fmt.replace('-', '_')}"
+        if not (ck / "config.json").exists(): make_tiny(ck, format=fmt)
+        runs = {}
+        for mode in a.modes:
+            if time.time() - t_start > a.deadline_s:
+                report["failures"].append(f"{fmt}/{mode}: not run (deadline)"); continue
+            outf = work / f"vllm_{fmt}_{mode}.json"
+            t = time.time()
+            try:
+                r = subprocess.run([sys.executable, __file__, "--child-model", str(ck), "--child-mode", mode,
+                                    "--child-out", str(outf), "--tokens", str(a.tokens)], env=env, cwd=ROOT,
+                                   capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
+            except subprocess.TimeoutExpired as e:
+                r = subprocess.CompletedProcess(e.cmd, 124, e.stdout or "", (e.stderr or "") + "\n[gpu_parity: timed out]")
+                r.stdout = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
+                r.stderr = r.stderr.decode() if isinstance(r.stderr, bytes) else r.stderr
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / f"{a.name}_{fmt}_{mode}.log").write_text(r.stdout + r.stderr)
+            if r.returncode != 0:
+                report["failures"].append(f"{fmt}/{mode}: vLLM run failed (rc {r.returncode}): {(r.stderr or r.stdout)[-800:]}")
+                continue
+            runs[mode] = json.loads(outf.read_text())
+            runs[mode]["wall_s"] = round(time.time() - t, 1)
+        fr = {"modes": {}}
+        try: m = load_reference(ck, "cuda") if runs else None
+        except Exception as e:
+            report["failures"].append(f"{fmt}: reference model failed to load: {type(e).__name__}: {e}")
+            runs, m = {}, None
+        for mode, res in runs.items():
+            cmp_ = [compare(m, p, g, "cuda", a.tie_nats) for p, g in zip(ps, res["single"])]
+            same_batched = [g["tokens"] == b["tokens"] for g, b in zip(res["single"], res["batched"])]
+            fr["modes"][mode] = {k: res[k] for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode")}
+            fr["modes"][mode].update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
+                                      "prompts": cmp_, "batched_equals_single": same_batched,
+                                      "tokens": [g["tokens"] for g in res["single"]]})
+            for i, c in enumerate(cmp_):
+                if c["mismatches"]: report["failures"].append(f"{fmt}/{mode} prompt {i}: tokens differ from the reference at {c['mismatches']}")
+                if c["max_abs_dlogprob"] > a.logprob_tol: report["failures"].append(f"{fmt}/{mode} prompt {i}: max |dlogprob| {c['max_abs_dlogprob']:.3f} > {a.logprob_tol}")
+            if not all(same_batched): report["failures"].append(f"{fmt}/{mode}: batched tokens differ from single-prompt tokens for prompts {[i for i, s in enumerate(same_batched) if not s]}")
+        if "eager" in runs and "graphs" in runs:
+            e, g = runs["eager"]["single"], runs["graphs"]["single"]
+            same = [x["tokens"] == y["tokens"] for x, y in zip(e, g)]
+            d = max(abs(u - v) for x, y in zip(e, g) for u, v in zip(x["logprobs"], y["logprobs"]))
+            fr["eager_vs_graphs"] = {"same_tokens": same, "max_abs_dlogprob": d}
+            if not all(same): report["failures"].append(f"{fmt}: eager and CUDA-graph tokens differ for prompts {[i for i, s in enumerate(same) if not s]}")
+        report["runs"][fmt] = fr
+        del m
+        torch.cuda.empty_cache()
+    report["wall_s"] = round(time.time() - t_start, 1)
+    report["passed"] = not report["failures"]
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    (out / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    summary = {f: {m: {"max_dlogprob": max(c["max_abs_dlogprob"] for c in r["modes"][m]["prompts"]),
+                       "token_mismatches": sum(len(c["mismatches"]) for c in r["modes"][m]["prompts"]),
+                       "near_ties": sum(len(c["near_ties"]) for c in r["modes"][m]["prompts"]),
+                       "init_s": r["modes"][m]["init_s"]} for m in r["modes"]} for f, r in report["runs"].items()}
+    print(json.dumps({"passed": report["passed"], "summary": summary, "failures": report["failures"]}, indent=1))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

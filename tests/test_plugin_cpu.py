@@ -1,0 +1,275 @@
+"""The vLLM plugin against the real vllm==0.25.1 package, on a CPU (chapter 08, issue 8).
+
+Registration and packaging, the model built on the tiny config, `load_weights` on the built-in tiny NVFP4
+(compressed-tensors and ModelOpt) and BF16 checkpoints (every parameter and every checkpoint tensor, both directions, values bit for bit), the
+ignore-list resolution, the 1072-token hybrid block of the real config, and the KDA traps (beta doubling, the gate
+applied once, separate q/k/v). vLLM's CPU platform is forced before any vLLM module is imported (see
+`solar_open2.vllm.testing`). GPU numerics: `scripts/gpu_parity.py` and `tests/test_plugin_gpu.py`.
+"""
+import ast, os, subprocess, sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from solar_open2.vllm.testing import force_cpu_platform
+
+pytest.importorskip("vllm")
+force_cpu_platform()
+
+from solar_open2.config import SolarOpen2Config, FULL, LINEAR                      # noqa: E402
+from solar_open2 import vllm as plugin                                             # noqa: E402
+from solar_open2.checkpoint import tiny_checkpoint                                  # noqa: E402
+from solar_open2.vllm.testing import (RecordingKernels, build_model, checkpoint_slices, checkpoint_tensors,  # noqa: E402
+                                      cpu_vllm_config, gdn_metadata, kda_layer, plain_kda, run_layer, same_values)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = SolarOpen2Config.tiny()
+FORMATS = ("compressed-tensors", "modelopt", "bf16")
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs():
+    "The built-in tiny checkpoint (chapter 06) in each format: Nota's compressed-tensors NVFP4, ModelOpt NVFP4, BF16."
+    return {fmt: tiny_checkpoint(fmt) for fmt in FORMATS}
+
+
+# --- registration and packaging ---------------------------------------------------------------------------------
+
+def _entry_points_in_setup() -> dict:
+    "The `entry_points` dict literal of setup.py's `setup(...)` call (keys and list values)."
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "entry_points":
+            return {ast.literal_eval(k): [ast.literal_eval(e) if not isinstance(e, ast.JoinedStr) else None for e in v.elts]
+                    for k, v in zip(node.value.keys, node.value.values)}
+    raise AssertionError("setup.py has no entry_points")
+
+
+def test_setup_declares_the_entry_point():
+    eps = _entry_points_in_setup()
+    assert eps.get("vllm.general_plugins") == [plugin.ENTRY_POINT]
+    name, target = (s.strip() for s in plugin.ENTRY_POINT.split("="))
+    module, func = target.split(":")
+    assert name == "solar_open2" and getattr(__import__(module, fromlist=[func]), func) is plugin.register
+
+
+def test_register_is_idempotent_and_complete():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from vllm import ModelRegistry
+    from vllm.config.compilation import CompilationConfig
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from solar_open2.vllm.config import SolarOpen2ConfigHook, SolarOpen2HFConfig
+    plugin.register(); plugin.register()
+    assert CONFIG_MAPPING["solar_open2"] is SolarOpen2HFConfig
+    m = ModelRegistry.models[plugin.ARCH]
+    assert f"{m.module_name}:{m.class_name}" == plugin.MODEL_CLASS
+    assert CompilationConfig._attention_ops.count(plugin.KDA_OP) == 1
+    assert MODELS_CONFIG_MAP[plugin.ARCH] is SolarOpen2ConfigHook
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+    assert ReasoningParserManager.lazy_parsers["solar_open2"] == ("solar_open2.vllm.parsers", "SolarOpen2ReasoningParser")
+    assert ToolParserManager.lazy_parsers["solar_open2"] == ("solar_open2.vllm.parsers", "SolarOpen2ToolParser")
+
+
+def test_import_solar_open2_never_imports_vllm():
+    code = ("import sys, solar_open2, solar_open2.config, solar_open2.vllm, solar_open2.vllm.config\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'triton', 'flashinfer')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_config_through_autoconfig(tiny_dirs):
+    from transformers import AutoConfig
+    plugin.register()
+    c = AutoConfig.from_pretrained(tiny_dirs["bf16"])
+    assert type(c).__name__ == "SolarOpen2HFConfig"
+    assert c.layer_types == [FULL, LINEAR, LINEAR, LINEAR] * 2
+    assert c.to_solar() == TINY
+
+
+# --- the model on the tiny config -------------------------------------------------------------------------------
+
+def test_model_builds_on_tiny_config(tiny_dirs):
+    vc = cpu_vllm_config(tiny_dirs["bf16"])
+    assert vc.model_config.architecture == plugin.ARCH and vc.model_config.is_hybrid
+    model = build_model(vc)
+    names = {n for n, _ in model.named_parameters()}
+    assert {int(n.split(".")[2]) for n in names if ".qkv_proj." in n} == {0, 4}
+    assert all(f"model.layers.{L}.self_attn.{x}_proj.weight" in names for L in TINY.kda_layers for x in "qkv")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_load_weights_every_parameter_and_every_tensor(tiny_dirs, fmt):
+    from solar_open2.vllm.model import _OPTIONAL_PARAMS
+    vc = cpu_vllm_config(tiny_dirs[fmt])
+    model = build_model(vc)
+    ckpt = checkpoint_tensors(tiny_dirs[fmt])
+    seen = []
+    loaded = model.load_weights((seen.append(n) or (n, t)) for n, t in ckpt.items())
+    params = dict(model.named_parameters())
+    assert seen == list(ckpt)                                                   # every tensor consumed (unknown ones raise)
+    assert loaded == {n for n in params if not _OPTIONAL_PARAMS.search(n)}      # every parameter filled
+    assert {n for n in params if _OPTIONAL_PARAMS.search(n)} == (set() if fmt == "bf16" else
+           {n for n in params if ".attn." in n})                                # only KV-cache quantization params exempt
+    slices = checkpoint_slices(TINY, ckpt, params)
+    assert sorted(n for n, t in ckpt.items() if not same_values(slices[n], t)) == []
+    if fmt != "bf16":
+        assert params["model.layers.1.mlp.experts.routed_experts.w13_weight" + ("_packed" if fmt == "compressed-tensors" else "")].dtype == torch.uint8
+
+
+def test_load_weights_refuses_unknown_missing_and_fused_kda(tiny_dirs):
+    from solar_open2.vllm.model import WeightLoadError
+    vc = cpu_vllm_config(tiny_dirs["bf16"])
+    ckpt = checkpoint_tensors(tiny_dirs["bf16"])
+    with pytest.raises(WeightLoadError, match=r"1 checkpoint tensor\(s\) the model does not know.*model.layers.8"):
+        build_model(vc).load_weights(iter({**ckpt, "model.layers.8.mlp.gate.weight": torch.zeros(8, 256)}.items()))
+    with pytest.raises(WeightLoadError, match=r"model.layers.4.self_attn.g_proj.weight"):
+        build_model(vc).load_weights((n, t) for n, t in ckpt.items() if n != "model.layers.4.self_attn.g_proj.weight")
+    fused = {n: t for n, t in ckpt.items() if not (n.startswith("model.layers.1.self_attn.") and n.split(".")[-2] in ("q_proj", "k_proj", "v_proj"))}
+    fused["model.layers.1.self_attn.qkv_proj.weight"] = torch.cat([ckpt[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"])
+    with pytest.raises(WeightLoadError, match=r"model.layers.1.self_attn.qkv_proj.weight"):
+        build_model(vc).load_weights(iter(fused.items()))
+
+
+@pytest.mark.parametrize("fmt", ("compressed-tensors", "modelopt"))
+def test_ignore_list_keeps_fused_bf16_and_experts_nvfp4(tiny_dirs, fmt):
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    model = build_model(cpu_vllm_config(tiny_dirs[fmt]))
+    mods = dict(model.named_modules())
+    for n in ("model.layers.0.self_attn.qkv_proj", "model.layers.4.self_attn.g_proj", "model.layers.1.self_attn.k_proj",
+              "model.layers.1.self_attn.g_b_proj", "model.layers.1.mlp.shared_experts.gate_up_proj",
+              "model.layers.1.mlp.shared_experts.down_proj", "model.layers.1.mlp.gate"):
+        assert type(mods[n].quant_method) is UnquantizedLinearMethod, n
+    assert "nvfp4" in type(mods["model.layers.1.mlp.experts.routed_experts"].quant_method).__name__.lower()
+
+
+def test_without_packed_mapping_the_fused_qkv_would_be_nvfp4(tiny_dirs):
+    import json
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+    from solar_open2.vllm.model import SolarOpen2ForCausalLM
+    q = json.loads((tiny_dirs["compressed-tensors"] / "config.json").read_text())["quantization_config"]
+    ct = CompressedTensorsConfig.from_config(q)
+    layer = torch.nn.Linear(1, 1)   # only the class name is consulted ('Linear' target) besides the prefix
+    ct.packed_modules_mapping = SolarOpen2ForCausalLM.packed_modules_mapping
+    assert ct.get_scheme_dict(layer, "model.layers.0.self_attn.qkv_proj") is None
+    assert ct.get_scheme_dict(layer, "model.layers.1.mlp.shared_experts.gate_up_proj") is None
+    ct.packed_modules_mapping = {}
+    assert ct.get_scheme_dict(layer, "model.layers.0.self_attn.qkv_proj") is not None
+
+
+@pytest.mark.parametrize("tp,page", [(1, 4_390_912), (2, 2_195_456), (8, 548_864)])
+def test_real_config_state_gives_the_1072_token_block(tmp_path, tp, page):
+    from vllm.config import ParallelConfig
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+    from solar_open2.vllm.model import SolarOpen2ForCausalLM as M
+    SolarOpen2Config.real().save(tmp_path)                                      # the config is all this needs
+    vc = cpu_vllm_config(tmp_path, parallel_config=ParallelConfig(tensor_parallel_size=tp))
+    shapes, dtypes = M.get_mamba_state_shape_from_config(vc), M.get_mamba_state_dtype_from_config(vc)
+    assert shapes == ((3, 3 * 8192 // tp), (64 // tp, 128, 128)) and dtypes == (torch.bfloat16, torch.float32)
+    mamba = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
+    attn1 = FullAttentionSpec(block_size=1, num_kv_heads=vc.model_config.get_num_kv_heads(vc.parallel_config),
+                              head_size=128, dtype=torch.bfloat16).page_size_bytes
+    assert 16 * -(-mamba // (16 * attn1)) == 1072
+    vc.cache_config.block_size = 16
+    Platform._align_hybrid_block_size(vc, FlashAttentionBackend)
+    assert (vc.cache_config.block_size, vc.cache_config.mamba_page_size_padded) == (1072, page)
+
+
+# --- the KDA traps ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kda_bench():
+    from vllm.config import SchedulerConfig
+    d = tiny_checkpoint("bf16")
+    vc = cpu_vllm_config(d, scheduler_config=SchedulerConfig(max_model_len=TINY.max_position_embeddings, is_encoder_decoder=False,
+                                                             max_num_batched_tokens=130, max_num_seqs=3, enable_chunked_prefill=True))
+    ck = checkpoint_tensors(d)
+    W = {k.removeprefix("model.layers.1.self_attn."): v for k, v in ck.items() if k.startswith("model.layers.1.self_attn.")}
+    return SimpleNamespace(vc=vc, W=W, n=iter(range(10, 100)))
+
+
+def _layer(b, kernels=None):
+    return kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", kernels=kernels)
+
+
+def test_kda_layer_matches_the_math_prefill_decode_mixed(kda_bench):
+    torch.manual_seed(1)
+    layer = _layer(kda_bench)
+    xa, xb = torch.randn(7, 256).to(torch.bfloat16), torch.randn(5, 256).to(torch.bfloat16)
+    steps = [(torch.cat([xa[:5], xb[:2]]), gdn_metadata([5, 2], [1, 2], [False, False])),   # two prefills
+             (torch.cat([xa[5:6], xb[2:3]]), gdn_metadata([1, 1], [1, 2], [True, True])),   # two decodes
+             (torch.cat([xa[6:7], xb[3:5]]), gdn_metadata([1, 2], [1, 2], [True, True]))]   # decode + continued prefill
+    outs = torch.cat([run_layer(layer, x, md, kda_bench.vc) for x, md in steps])
+    ra, rb = plain_kda(kda_bench.W, xa, TINY), plain_kda(kda_bench.W, xb, TINY)
+    want = torch.cat([ra[:5], rb[:2], ra[5:6], rb[2:3], ra[6:7], rb[3:5]])
+    err, tol = (outs - want).abs().max().item(), 2e-2 * want.abs().max().item()
+    assert err < tol, (err, tol)
+    # the comparison catches both traps: a forgotten doubling, a gate applied twice
+    for kw in ({"beta_fn": torch.sigmoid}, {"gate_twice": True}):
+        bad = plain_kda(kda_bench.W, xa, TINY, **kw)
+        assert (outs[:5] - bad[:5]).abs().max().item() > max(10 * err, tol), kw
+
+
+def test_kda_kernels_get_doubled_beta_and_the_raw_gate_once(kda_bench):
+    rec = RecordingKernels()
+    layer = _layer(kda_bench, kernels=rec)
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    with torch.no_grad():
+        raw, b = layer.f_b_proj(layer.f_a_proj(x)[0])[0], layer.b_proj(x)[0]
+    run_layer(layer, x, gdn_metadata([4], [1], [False]), kda_bench.vc)            # prefill
+    assert rec.slots() == ["conv_prefill"] * 3 + ["chunk"]
+    kw = rec.calls[-1][2]
+    assert torch.equal(kw["raw_g"].reshape(raw.shape), raw)
+    assert kw["beta"].dtype == torch.float32 and torch.equal(kw["beta"].reshape(b.shape), 2 * torch.sigmoid(b.float()))
+    rec.calls.clear()
+    x1 = x[:1]
+    with torch.no_grad(): raw1, b1 = layer.f_b_proj(layer.f_a_proj(x1)[0])[0], layer.b_proj(x1)[0]
+    run_layer(layer, x1, gdn_metadata([1], [1], [True]), kda_bench.vc)            # decode
+    assert rec.slots() == ["conv_decode"] * 3 + ["gate", "recurrent"]
+    gate, recur = rec.calls[-2], rec.calls[-1]
+    assert torch.equal(gate[1][0], raw1)                                          # raw gate into the gate kernel
+    assert torch.equal(recur[2]["g"].reshape(gate[3].shape), gate[3])             # its output, untouched, into the recurrence
+    assert torch.equal(recur[2]["beta"].reshape(b1.shape), 2 * torch.sigmoid(b1.float()))
+
+
+def test_kda_warmup_runs_at_the_scheduler_size_with_doubled_beta(kda_bench):
+    from solar_open2.vllm import kda
+    rec = RecordingKernels()
+    layer = _layer(kda_bench, kernels=rec)
+    assert layer.warmup_tokens == 128 and layer.warmup_seqs == 3
+    kda._WARMED.clear()
+    run_layer(layer, torch.randn(8, 256).to(torch.bfloat16), None, kda_bench.vc)
+    assert rec.slots() == ["chunk", "gate", "recurrent"]
+    kw = rec.calls[0][2]
+    assert kw["q"].shape[1] == 128 and kw["cu_seqlens"].tolist() == [0, 128]
+    assert kw["beta"].dtype == torch.float32 and 1.0 < kw["beta"].max().item() < 2.0
+    assert rec.calls[2][2]["q"].shape[1] == 3
+
+
+def test_kda_reference_chapter_agrees(kda_bench):
+    "Once the KDA chapter has landed: its KDALayer on the same weights gives the plugin's outputs."
+    ref = pytest.importorskip("solar_open2.kda")
+    layer = _layer(kda_bench)
+    torch.manual_seed(2)
+    x = torch.randn(6, 256).to(torch.bfloat16)
+    got = run_layer(layer, x, gdn_metadata([6], [1], [False]), kda_bench.vc)
+    m = ref.KDALayer(TINY, layer_idx=1)
+    m.load_state_dict(kda_bench.W, strict=True)
+    with torch.no_grad(): y, _ = m(x.float()[None])
+    assert (got - y[0].float()).abs().max().item() < 2e-2 * y.abs().max().item()   # bf16 projections vs fp32: ~0.5%
+
+
+def test_speculative_decoding_is_refused(tiny_dirs):
+    from solar_open2.vllm.config import SolarOpen2ConfigHook
+    from solar_open2.vllm.model import SolarOpen2ForCausalLM
+    spec = SimpleNamespace(speculative_config=object())
+    with pytest.raises(NotImplementedError, match="speculative decoding is not supported"):
+        SolarOpen2ConfigHook.verify_and_update_config(spec)
+    with pytest.raises(NotImplementedError, match="speculative decoding is not supported"):
+        SolarOpen2ForCausalLM(vllm_config=spec)

@@ -1,0 +1,50 @@
+"""The GPU parity script's CPU-checkable parts: prompts, the entry-point shim that vLLM's plugin loader must find in a
+fresh process, and the reference-side comparison (tokens and logprobs) on the tiny checkpoint. The GPU run itself is
+the coordinator's (`python scripts/gpu_parity.py` on the H200 machine)."""
+import importlib.util, os, subprocess, sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gpu_parity", ROOT / "scripts" / "gpu_parity.py")
+gp = importlib.util.module_from_spec(spec); spec.loader.exec_module(gp)
+
+
+def test_prompts_are_plain_token_ids():
+    ps = gp.prompts()
+    assert [len(p) for p in ps] == [5, 17, 64, 130, 200]
+    assert all(142 <= t < 1024 for p in ps for t in p)             # no special tokens, inside the tiny vocab
+    assert gp.prompts() == ps
+
+
+def test_entry_point_shim_is_found_by_vllms_plugin_loader(tmp_path):
+    pytest.importorskip("vllm")
+    shim = gp.entry_point_shim(tmp_path)
+    code = ("import os\nos.environ['VLLM_PLUGINS'] = 'solar_open2'\n"
+            "from solar_open2.vllm.testing import force_cpu_platform; force_cpu_platform()\n"
+            "from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+            "from vllm import ModelRegistry; print('SolarOpen2ForCausalLM' in ModelRegistry.get_supported_archs())")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(shim)])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_compare_counts_mismatches_and_logprob_errors():
+    from solar_open2.checkpoint import tiny_checkpoint
+    m = gp.load_reference(tiny_checkpoint("bf16"), "cpu")
+    prompt = gp.prompts()[0]
+    ids = list(prompt)
+    for _ in range(6): ids.append(int(gp.reference_logprobs(m, ids, "cpu")[-1].argmax()))   # the reference's greedy run
+    toks = ids[len(prompt):]
+    lp = gp.reference_logprobs(m, ids, "cpu")
+    got = {"tokens": toks, "logprobs": [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(toks)]}
+    c = gp.compare(m, prompt, got, "cpu", tie_nats=0.05)
+    assert (c["mismatches"], c["near_ties"], c["first_divergence"]) == ([], [], None) and c["max_abs_dlogprob"] < 1e-5
+    row = lp[len(prompt) - 1 + 2]
+    worst = int(row.argmin())                                        # a token the reference finds unlikely
+    bad = {"tokens": toks[:2] + [worst] + toks[3:], "logprobs": got["logprobs"][:2] + [0.0] + got["logprobs"][3:]}
+    c = gp.compare(m, prompt, bad, "cpu", tie_nats=0.05)
+    assert c["mismatches"][0] == 2 and c["first_divergence"] == 2 and c["max_abs_dlogprob"] > 1.0
