@@ -15,7 +15,7 @@ from .config import FULL, SolarOpen2Config
 
 # %% auto #0
 __all__ = ['ATTENTION_IMPLS', 'kv_bytes_per_token', 'KVCache', 'causal_mask', 'attention_reference', 'attention_sdpa',
-           'GatedAttention']
+           'GatedAttention', 'attention_layer_stats', 'attention_layer_report', 'format_attention_report']
 
 # %% ../nbs/03_attention.ipynb #6cccc8da
 def kv_bytes_per_token(cfg:SolarOpen2Config, # the model config
@@ -155,3 +155,83 @@ def _forward(self:GatedAttention,
     return self.o_proj(o * self.gate(x)), cache             # gate [B, T, Hq*d], elementwise, before o_proj
 
 GatedAttention.forward = _forward
+
+# %% ../nbs/03_attention.ipynb #0af00a2e
+_QS = (0.01, 0.1, 0.5, 0.9, 0.99)
+
+def _stats(t:torch.Tensor)->dict:
+    "mean, std and max |.| of `t`, in fp64."
+    t = t.double()
+    return {"mean": t.mean().item(), "std": t.std().item(), "max_abs": t.abs().max().item()}
+
+def _quantiles(t:torch.Tensor, qs=_QS)->list:
+    "Quantiles `qs` of all entries of `t` (by sorting: no size limit)."
+    s = t.detach().double().flatten().sort().values
+    return [s[min(len(s) - 1, round(q * (len(s) - 1)))].item() for q in qs]
+
+@torch.no_grad()
+def attention_layer_stats(layer:GatedAttention, # a loaded attention layer
+                          x:torch.Tensor, # [B, T, hidden] its (normed) input
+                         )->dict: # statistics (see above); per-head tensors are [Hq]
+    "Output, per-head, gate and attention-pattern statistics of one gated attention layer on `x`, and decode vs prefill."
+    B, T, _ = x.shape
+    Hq, Hkv, d = layer.n_heads, layer.n_kv_heads, layer.head_dim
+    y, _ = layer(x)                                                                  # [B, T, hidden]
+    q, k, v = layer.qkv(x)                                                           # [B, Hq, T, d], [B, Hkv, T, d] x2
+    o = layer.attend(q, k, v).transpose(1, 2).float()                                # [B, T, Hq, d] before the gate
+    gate = layer.gate(x).float().view(B, T, Hq, d)                                   # [B, T, Hq, d]
+    og = o * gate                                                                    # the o_proj input, per head
+    s = torch.einsum("bkgtd,bksd->bkgts", q.float().view(B, Hkv, Hq // Hkv, T, d), k.float()) * layer.scale
+    p = torch.softmax(s.masked_fill(~causal_mask(T, T, x.device), float("-inf")), -1).reshape(B, Hq, T, T)   # fp32
+    ent = -(p * p.clamp_min(1e-30).log()).sum(-1)                                    # [B, Hq, T]
+    ent = ent[..., 1:] / torch.arange(2, T + 1, device=x.device).log()               # / ln(t+1): 1 = uniform
+    ys, cache = [], None
+    for t in range(T):
+        yt, cache = layer(x[:, t:t + 1], cache); ys.append(yt)
+    y_dec = torch.cat(ys, 1)
+    per_head = lambda t, f: f(t.transpose(0, 2).reshape(Hq, -1))                     # [B, T, Hq, d] -> [Hq]
+    return {"T": T, "heads": Hq, "kv_heads": Hkv, "head_dim": d, "y": _stats(y),
+            "attn_rms": per_head(o, lambda t: t.pow(2).mean(-1).sqrt()),
+            "head_rms": per_head(og, lambda t: t.pow(2).mean(-1).sqrt()), "head_max_abs": per_head(og, lambda t: t.abs().amax(-1)),
+            "gate": gate, "gate_head_mean": per_head(gate, lambda t: t.mean(-1)), "probs": p,
+            "first_token": p[..., 1:, 0].mean((0, 2)), "entropy": ent.mean((0, 2)),       # [Hq] each (queries 2..T)
+            "decode_vs_prefill": ((y_dec - y).double().norm() / y.double().norm()).item()}
+
+@torch.no_grad()
+def attention_layer_report(reader, # a `CheckpointReader` (chapter `checkpoint`), e.g. `real_checkpoint()`
+                           L:int=0, # a full-attention layer of its config
+                           prompt:str|None=None, # default: the checkpoint chapter's `SAMPLE_PROMPT`
+                           dtype:torch.dtype=torch.float32, # compute dtype
+                          )->dict: # `attention_layer_stats` plus layer, token ids, bytes read
+    "Load attention layer `L` from `reader`, run it on a prompt's embedding rows through its `input_layernorm`, and measure it."
+    with torch.device("meta"): layer = GatedAttention(reader.config, L)   # checks the layer type; no init, the checkpoint fills it
+    w = reader.layer_weights(L, "self_attn.")
+    layer.load_state_dict(w, strict=True, assign=True)                               # adopts the tensors read
+    nbytes = sum(t.numel() * t.element_size() for t in w.values()); del w
+    layer = layer.to(dtype).eval()
+    x, ids = reader.prompt_input(L, prompt, "input_layernorm", dtype)                # [1, T, hidden]
+    return {"layer": L, "ids": ids, "dtype": str(dtype).removeprefix("torch."), "nbytes": nbytes, **attention_layer_stats(layer, x)}
+
+def _rows(v:torch.Tensor, fmt:str="{:.3g}", per_row:int=16)->list:
+    "Lines 'h a-b: v v v ...' for a per-head vector."
+    v = v.tolist()
+    return [f"  h {i:>2}-{min(i + per_row, len(v)) - 1:<2}: " + " ".join(fmt.format(a) for a in v[i:i + per_row])
+            for i in range(0, len(v), per_row)]
+
+def format_attention_report(r:dict)->str:
+    "The report of `attention_layer_report` as text."
+    y, g = r["y"], r["gate"]
+    qs = "  ".join(f"q{round(100 * p):02d} {v:.3f}" for p, v in zip(_QS, _quantiles(g)))
+    lines = [f"attention layer {r['layer']}: {r['heads']} query heads / {r['kv_heads']} KV heads x {r['head_dim']}, NoPE, "
+             f"{r['T']} prompt tokens, {r['dtype']} ({r['nbytes'] / 1e6:,.1f} MB of weights read)",
+             f"output y: mean {y['mean']:+.3g}  std {y['std']:.3g}  max|y| {y['max_abs']:.3g}",
+             "per head, attention output before the gate (RMS):", *_rows(r["attn_rms"]),
+             "per head, gated output = o_proj input (RMS):", *_rows(r["head_rms"]),
+             "per head, o_proj input (max |.|):", *_rows(r["head_max_abs"]),
+             f"gate sigmoid(g_proj x), {g.numel():,} values: {qs};  < 0.1: {(g < 0.1).double().mean().item():.1%}"
+             f"  > 0.9: {(g > 0.9).double().mean().item():.1%}",
+             "per head, mean gate:", *_rows(r["gate_head_mean"], "{:.2f}"),
+             "per head, attention on the first token (mean over queries 2..T):", *_rows(r["first_token"], "{:.2f}"),
+             "per head, attention entropy / ln(t+1) (1 = uniform):", *_rows(r["entropy"], "{:.2f}"),
+             f"token-by-token decode vs prefill: relative RMS {r['decode_vs_prefill']:.1e}"]
+    return "\n".join(lines)

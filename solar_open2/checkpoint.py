@@ -17,10 +17,11 @@ from . import nvfp4, chat
 # %% auto #0
 __all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'PARTIAL_SUFFIXES', 'EXPERT_FORMS', 'TINY_VERSION',
            'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS', 'CACHE_ENV',
-           'CHECKPOINT_ENV', 'CheckpointError', 'TensorInfo', 'read_header', 'nvfp4_layout', 'checkpoint_specs',
-           'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems', 'CheckpointScan',
-           'scan_checkpoint', 'CheckpointReader', 'layer_nbytes', 'tiny_weights', 'tiny_tokenizer', 'make_tiny',
-           'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'preflight', 'cli_preflight', 'real_checkpoint']
+           'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo', 'read_header', 'nvfp4_layout',
+           'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems',
+           'CheckpointScan', 'scan_checkpoint', 'CheckpointReader', 'layer_nbytes', 'tiny_weights', 'tiny_tokenizer',
+           'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'preflight', 'cli_preflight',
+           'real_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #6db45b75
 INDEX_NAME = "model.safetensors.index.json"
@@ -647,3 +648,56 @@ def real_checkpoint(strict:bool=True)->CheckpointReader|None:
     if not p: return None
     if not Path(p).expanduser().is_dir(): raise CheckpointError(f"${CHECKPOINT_ENV}={p}: not a directory")
     return CheckpointReader(Path(p).expanduser(), strict=strict)
+
+# %% ../nbs/06_checkpoint.ipynb #be86ff57
+SAMPLE_PROMPT = ("<|startoftext|>The capital of Japan is Tokyo and the capital of France is Paris. "
+                 "A mixture of experts sends every token to a few routed experts, and a shared expert sees every token.")
+_EMBED = "model.embed_tokens.weight"
+
+def _tokenizer(self:CheckpointReader):
+    "The tree's `tokenizer.json` as a `tokenizers.Tokenizer`, or None when the tree has none."
+    f = self.path/"tokenizer.json"
+    if not f.exists(): return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(f))
+
+def _embed(self:CheckpointReader, ids, # token ids (list or 1-D tensor)
+          )->torch.Tensor: # [len(ids), hidden] in the stored dtype
+    "Rows `ids` of `model.embed_tokens.weight`, read row by row from the memory-mapped shard (never the whole matrix)."
+    t = self.tensors.get(_EMBED)
+    if t is None: raise KeyError(f"{self.path}: no tensor {_EMBED} in the checkpoint")
+    ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+    V = t.shape[0]
+    bad = [i for i in ids if not 0 <= i < V]
+    if bad: raise IndexError(f"{self.path}: token ids {bad[:5]} outside {_EMBED}'s rows 0..{V - 1}")
+    if not ids: return torch.empty(0, t.shape[1], dtype=getattr(torch, t.dtype))
+    if t.shard not in self._files:
+        from safetensors import safe_open
+        self._files[t.shard] = safe_open(str(self.path/t.shard), framework="pt", device="cpu")
+    sl = self._files[t.shard].get_slice(_EMBED)
+    return torch.cat([sl[i:i + 1] for i in ids])                         # [n, hidden]
+
+_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+def _prompt_input(self:CheckpointReader, L:int, # layer index
+                  prompt:str|None=None, # text (special tokens allowed); default `SAMPLE_PROMPT`
+                  norm:str="input_layernorm", # "input_layernorm" (the mixer's input) or "post_attention_layernorm" (the MoE's)
+                  dtype:torch.dtype=torch.float32, # compute dtype of the result
+                 )->tuple: # (x [1, T, hidden] in `dtype`, ids: list of T token ids)
+    "A prompt's embedding rows through layer `L`'s RMSNorm: a realistic input for one layer of the checkpoint."
+    if norm not in _NORMS: raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+    if not 0 <= L < self.config.num_hidden_layers: raise IndexError(f"layer {L} outside 0..{self.config.num_hidden_layers - 1}")
+    tok = self.tokenizer()
+    if tok is None:
+        ids = torch.randint(self.config.vocab_size, (24,), generator=torch.Generator().manual_seed(0)).tolist()
+    else:
+        ids = tok.encode(SAMPLE_PROMPT if prompt is None else prompt, add_special_tokens=False).ids
+        if not ids: raise ValueError(f"the prompt {prompt!r} gives no tokens")
+    e = self.embed(ids).to(dtype)[None]                                  # [1, T, hidden]
+    h = e.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)   # fp32 statistic
+    return self.get(f"model.layers.{L}.{norm}.weight").to(dtype) * h.to(dtype), ids
+
+CheckpointReader.tokenizer = _tokenizer
+CheckpointReader.embed = _embed
+CheckpointReader.prompt_input = _prompt_input

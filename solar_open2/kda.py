@@ -15,7 +15,8 @@ from .config import SolarOpen2Config, LINEAR
 
 # %% auto #0
 __all__ = ['CHUNK_SIZE', 'l2norm', 'kda_recurrent', 'random_kda_inputs', 'rel_rms', 'kda_beta', 'kda_gate', 'kda_chunked',
-           'short_conv', 'GatedRMSNorm', 'KDAState', 'KDALayer']
+           'short_conv', 'GatedRMSNorm', 'KDAState', 'KDALayer', 'kda_layer_stats', 'kda_layer_report',
+           'format_kda_report']
 
 # %% ../nbs/02_kda.ipynb #085ba94d
 def l2norm(x:torch.Tensor, # [..., d]
@@ -356,3 +357,87 @@ def _kda_forward(self:KDALayer, x:torch.Tensor, # [B, T, hidden] the normed laye
 KDALayer._forget_logits = _forget_logits
 KDALayer._gate_logits = _gate_logits
 KDALayer.forward = _kda_forward
+
+# %% ../nbs/02_kda.ipynb #5b8b8338
+_QS = (0.01, 0.1, 0.5, 0.9, 0.99)
+
+def _stats(t:torch.Tensor)->dict:
+    "mean, std and max |.| of `t`, in fp64."
+    t = t.double()
+    return {"mean": t.mean().item(), "std": t.std().item(), "max_abs": t.abs().max().item()}
+
+def _quantiles(t:torch.Tensor, qs=_QS)->list:
+    "Quantiles `qs` of all entries of `t` (by sorting: no size limit)."
+    s = t.detach().double().flatten().sort().values
+    return [s[min(len(s) - 1, round(q * (len(s) - 1)))].item() for q in qs]
+
+@torch.no_grad()
+def kda_layer_stats(layer:KDALayer, # a loaded KDA layer
+                    x:torch.Tensor, # [B, T, hidden] its (normed) input
+                   )->dict: # statistics (see above); tensors have a head axis last
+    "Output, per-head, decay, beta and state-norm statistics of one KDA layer on `x` (prefill, then token by token)."
+    B, T, _ = x.shape
+    H, D = layer.num_heads, layer.head_dim
+    seen = {}
+    hooks = [layer.o_norm.register_forward_pre_hook(lambda m, a: seen.__setitem__("core", a[0])),   # [B, T, H, D]
+             layer.o_proj.register_forward_pre_hook(lambda m, a: seen.__setitem__("head", a[0]))]   # [B, T, H*D]
+    try: y, _ = layer(x)
+    finally:
+        for h in hooks: h.remove()
+    core, head = seen["core"].float(), seen["head"].float().view(B, T, H, D)        # [B, T, H, D] each
+    g = kda_gate(layer._forget_logits(x), layer.A_log, layer.dt_bias)               # [B, T, H, D] fp32, <= 0
+    beta = kda_beta(layer.b_proj(x), layer.allow_neg_eigval)                        # [B, T, H] fp32
+    norms, ys, st = [], [], None
+    for t in range(T):                                                              # decode the same tokens
+        yt, st = layer(x[:, t:t + 1], st)
+        ys.append(yt); norms.append(st.recurrent.norm(dim=(-2, -1)))                # [B, H]
+    per_head = lambda t, f: f(t.transpose(0, 2).reshape(H, -1))                     # [.., H, ..] -> [H]
+    return {"T": T, "heads": H, "head_dim": D, "y": _stats(y),
+            "core_rms": per_head(core, lambda t: t.pow(2).mean(-1).sqrt()), "core_max_abs": per_head(core, lambda t: t.abs().amax(-1)),
+            "head_rms": per_head(head, lambda t: t.pow(2).mean(-1).sqrt()), "head_max_abs": per_head(head, lambda t: t.abs().amax(-1)),
+            "decay": g.exp(), "half_life": math.log(2) / (-g).clamp_min(1e-12), "beta": beta,
+            "state_norm": torch.stack(norms, 1),                                      # [B, T, H]
+            "decode_vs_prefill": rel_rms(torch.cat(ys, 1), y)}
+
+@torch.no_grad()
+def kda_layer_report(reader, # a `CheckpointReader` (chapter `checkpoint`), e.g. `real_checkpoint()`
+                     L:int=1, # a KDA layer of its config
+                     prompt:str|None=None, # default: the checkpoint chapter's `SAMPLE_PROMPT`
+                     dtype:torch.dtype=torch.float32, # compute dtype
+                    )->dict: # `kda_layer_stats` plus layer, token ids, bytes read
+    "Load KDA layer `L` from `reader`, run it on a prompt's embedding rows through its `input_layernorm`, and measure it."
+    with torch.device("meta"): layer = KDALayer(reader.config, L)   # checks the layer type; no init, the checkpoint fills it
+    w = reader.layer_weights(L, "self_attn.")
+    layer.load_state_dict(w, strict=True, assign=True)                               # adopts the tensors read
+    nbytes = sum(t.numel() * t.element_size() for t in w.values()); del w
+    layer = layer.to(dtype).eval()
+    x, ids = reader.prompt_input(L, prompt, "input_layernorm", dtype)                # [1, T, hidden]
+    return {"layer": L, "ids": ids, "dtype": str(dtype).removeprefix("torch."), "nbytes": nbytes, **kda_layer_stats(layer, x)}
+
+def _rows(v:torch.Tensor, fmt:str="{:.3g}", per_row:int=16)->list:
+    "Lines 'h a-b: v v v ...' for a per-head vector."
+    v = v.tolist()
+    return [f"  h {i:>2}-{min(i + per_row, len(v)) - 1:<2}: " + " ".join(fmt.format(a) for a in v[i:i + per_row])
+            for i in range(0, len(v), per_row)]
+
+def format_kda_report(r:dict)->str:
+    "The report of `kda_layer_report` as text."
+    q = lambda t, f="{:.3g}": "  ".join(f"q{round(100 * p):02d} " + f.format(v) for p, v in zip(_QS, _quantiles(t)))
+    y, T = r["y"], r["T"]
+    ns = r["state_norm"][0]                                                          # [T, H]
+    at = sorted({t for t in (1, 2, 4, 8, 16, 32, 64, T) if t <= T})
+    hl = r["half_life"]
+    lines = [f"KDA layer {r['layer']}: {r['heads']} heads x {r['head_dim']}, {T} prompt tokens, {r['dtype']} "
+             f"({r['nbytes'] / 1e6:,.1f} MB of weights read)",
+             f"output y: mean {y['mean']:+.3g}  std {y['std']:.3g}  max|y| {y['max_abs']:.3g}",
+             "per head, read-out before o_norm (RMS):", *_rows(r["core_rms"]),
+             "per head, gated normed output = o_proj input (RMS):", *_rows(r["head_rms"]),
+             "per head, o_proj input (max |.|):", *_rows(r["head_max_abs"]),
+             f"decay exp(g) per token, {r['decay'].numel():,} values: " + q(r["decay"]),
+             f"  half-life ln2/-g in tokens: " + q(hl) + f";  channels with half-life > {T} tokens: {(hl > T).double().mean().item():.1%}",
+             "  per-head median exp(g):", *_rows(r["decay"][0].transpose(0, 1).reshape(r["heads"], -1).median(-1).values, "{:.2f}"),
+             f"beta in (0, 2): " + q(r["beta"], "{:.2f}") + f";  beta > 1: {(r['beta'] > 1).double().mean().item():.1%}",
+             "state norm ||S_t||_F after token t, mean over heads (max head): " +
+             ", ".join(f"t={t}: {ns[t - 1].mean().item():.3g} ({ns[t - 1].max().item():.3g})" for t in at),
+             f"token-by-token decode vs prefill: relative RMS {r['decode_vs_prefill']:.1e}"]
+    return "\n".join(lines)

@@ -16,7 +16,7 @@ from .nvfp4 import (CONVENTIONS, NVFP4Linear, _keep_dtype_apply, detect_conventi
 
 # %% auto #0
 __all__ = ['EXPERT_FORMATS', 'select_experts', 'combine_weights', 'SolarRouter', 'SolarMLP', 'dispatch_reference',
-           'dispatch_grouped', 'SolarMoE']
+           'dispatch_grouped', 'SolarMoE', 'router_load', 'moe_layer_stats', 'moe_layer_report', 'format_moe_report']
 
 # %% ../nbs/04_moe.ipynb #2de6d59d
 def select_experts(scores:torch.Tensor, bias:torch.Tensor|None, top_k:int, n_group:int=1, topk_group:int=1)->torch.Tensor:
@@ -207,3 +207,121 @@ def _from_tensors(cls, cfg:SolarOpen2Config, tensors:dict, prefix:str="", quanti
     return m
 
 SolarMoE.from_tensors = classmethod(_from_tensors)
+
+# %% ../nbs/04_moe.ipynb #f330fcb9
+_QS = (0.01, 0.1, 0.5, 0.9, 0.99)
+
+def _stats(t:torch.Tensor)->dict:
+    "mean, std and max |.| of `t`, in fp64."
+    t = t.double()
+    return {"mean": t.mean().item(), "std": t.std().item(), "max_abs": t.abs().max().item()}
+
+@torch.no_grad()
+def router_load(router:SolarRouter, # the block's `gate`
+                x:torch.Tensor, # [N, H] tokens
+               )->dict: # counts with/without the bias, selections changed, and the routing
+    "Tokens per expert with and without `e_score_correction_bias`, and how many (token, expert) selections the bias changes."
+    s = router.scores(x)                                                             # [N, E] fp32
+    N, E = s.shape
+    pick = lambda b: select_experts(s, b, router.top_k, router.n_group, router.topk_group)   # [N, k]
+    idx, idx0 = pick(router.e_score_correction_bias), pick(None)
+    sel = torch.zeros(N, E, dtype=torch.bool, device=s.device).scatter_(1, idx, True)      # [N, E] chosen with the bias
+    sel0 = torch.zeros_like(sel).scatter_(1, idx0, True)                                    # ... and without
+    return {"N": N, "E": E, "top_k": router.top_k, "idx": idx,
+            "weights": combine_weights(s, idx, router.norm_topk_prob, router.routed_scaling_factor),
+            "counts": torch.bincount(idx.flatten(), minlength=E), "counts_unbiased": torch.bincount(idx0.flatten(), minlength=E),
+            "changed": int((sel & ~sel0).sum()),                 # selections the bias swapped in (= as many swapped out)
+            "tokens_changed": int((sel != sel0).any(-1).sum())}
+
+def _requant(lin:NVFP4Linear, name:str)->dict:
+    "Re-quantise the dequantised weight of one NVFP4 matrix: error and identical codes / scales."
+    q = lin.weight_nvfp4
+    w = q.dequantize(torch.float32)                                                  # [out, in]
+    q2 = quantize(w, name=name)
+    return {"name": name, "rel_rms": relative_rms(q2.dequantize(torch.float32), w),
+            "codes_same": (q2.packed == q.packed).double().mean().item(),
+            "scales_same": (q2.scale.float() == q.scale.float()).double().mean().item(),
+            "global_ratio": (q2.global_scale / q.global_scale).item()}
+
+@torch.no_grad()
+def moe_layer_stats(moe:SolarMoE, # a loaded MoE block (BF16 or NVFP4 experts)
+                    x:torch.Tensor, # [..., H] its (normed) input
+                    requant_experts:int=8, # re-quantise the weights of this many of the busiest experts (NVFP4 only)
+                   )->dict: # statistics (see above)
+    "Output, router load, and for NVFP4 experts W4A4 vs W4A16 and the re-quantisation check, of one MoE block on `x`."
+    h = x.reshape(-1, x.shape[-1])                                                   # [N, H]
+    load = router_load(moe.gate, h)
+    active = [e for e in load["counts"].argsort(descending=True, stable=True).tolist() if load["counts"][e] > 0]
+    lins = {f"experts.{e}.{p}": getattr(moe.experts[e], p) for e in active for p in _PROJS} if moe.expert_format != "bf16" else {}
+    w4a4 = bool(lins) and all(l.weight_nvfp4.input_global_scale is not None for l in lins.values())  # needs the input scales
+    if w4a4:
+        r = w4a4_vs_w4a16(moe, h)                                                    # two passes; W4A16 is the output
+        y, y4 = r["w4a16"].float(), r["w4a4"].float()
+    else: y = moe(h).float()
+    shared = moe.shared_experts(h).float() if moe.shared_experts is not None else torch.zeros_like(y)
+    return {"format": moe.expert_format, "y": _stats(y), "routed_rms": (y - shared).pow(2).mean().sqrt().item(),
+            "shared_rms": shared.pow(2).mean().sqrt().item(), "load": load,
+            "w4a4": {"block": relative_rms(y4, y), "routed": relative_rms(y4 - shared, y - shared)} if w4a4 else None,
+            "requant": [_requant(lins[f"experts.{e}.{p}"], f"experts.{e}.{p}") for e in active[:requant_experts] for p in _PROJS] if lins else []}
+
+@torch.no_grad()
+def moe_layer_report(reader, # a `CheckpointReader` (chapter `checkpoint`), e.g. `real_checkpoint()`
+                     L:int=1, # layer index
+                     prompt:str|None=None, # default: the checkpoint chapter's `SAMPLE_PROMPT`
+                     dtype:torch.dtype=torch.float32, # compute dtype (NVFP4 experts stay packed)
+                     requant_experts:int=8, # as in `moe_layer_stats`
+                    )->dict: # `moe_layer_stats` plus layer, token ids, experts read, bytes read
+    "Layer `L`'s MoE block from `reader` on a prompt through its `post_attention_layernorm`: router first, then only the experts it picks."
+    cfg = reader.config
+    base = f"model.layers.{L}.mlp."
+    block = [reader.tensors[n] for n in reader.layer_names(L) if n.startswith(base)]     # raises on a bad L
+    fmt = detect_convention([t.name for t in block if t.name.startswith(base + "experts.")], cfg.quantization_config) or "bf16"
+    with torch.device("meta"): moe = SolarMoE(cfg, expert_format=fmt)                    # no memory until loaded
+    nbytes = 0
+    def load(mod, prefix):                                                               # adopt the tensors read (no copy)
+        nonlocal nbytes
+        w = reader.layer_weights(L, "mlp." + prefix, experts="raw")
+        try: mod.load_state_dict(w, strict=True, assign=True)
+        except RuntimeError as e: raise ValueError(f"{reader.path}: loading {base}{prefix}: {e}") from None
+        nbytes += sum(t.numel() * t.element_size() for t in w.values())
+    load(moe.gate, "gate.")
+    if moe.shared_experts is not None: load(moe.shared_experts, "shared_experts.")
+    moe.gate.to(dtype)
+    x, ids = reader.prompt_input(L, prompt, "post_attention_layernorm", dtype)          # [1, T, hidden]
+    picked = sorted(set(moe.gate(x[0])[0].flatten().tolist()))                          # the experts the router picks
+    for e in picked: load(moe.experts[e], f"experts.{e}.")                              # the others stay on `meta`
+    moe = moe.to(dtype).eval()                                                           # NVFP4 buffers keep their dtypes
+    return {"layer": L, "ids": ids, "dtype": str(dtype).removeprefix("torch."), "nbytes": nbytes,
+            "nbytes_block": sum(t.nbytes for t in block), "experts_read": picked,
+            "n_shared": cfg.n_shared_experts, "width": cfg.moe_intermediate_size, "scaling": cfg.routed_scaling_factor,
+            **moe_layer_stats(moe, x, requant_experts)}
+
+def format_moe_report(r:dict)->str:
+    "The report of `moe_layer_report` as text."
+    ld, y = r["load"], r["y"]
+    c, c0, nk = ld["counts"], ld["counts_unbiased"], ld["N"] * ld["top_k"]
+    busy = c.argsort(descending=True, stable=True)[: int((c > 0).sum())].tolist()
+    pairs = [f"{e}:{c[e].item()}" for e in busy]
+    lines = [f"MoE layer {r['layer']}: {ld['E']} routed experts x {r['width']} (top-{ld['top_k']}, scaling {r['scaling']}) "
+             f"+ {r['n_shared']} shared, experts {'BF16' if r['format'] == 'bf16' else 'NVFP4 (' + r['format'] + ')'}; {ld['N']} prompt tokens, {r['dtype']} "
+             f"({r['nbytes'] / 1e6:,.1f} of the block's {r['nbytes_block'] / 1e6:,.1f} MB read: router, shared expert and the "
+             f"{len(r['experts_read'])} experts routed to)",
+             f"output y: mean {y['mean']:+.3g}  std {y['std']:.3g}  max|y| {y['max_abs']:.3g};  "
+             f"RMS of the routed part {r['routed_rms']:.3g}, of the shared expert {r['shared_rms']:.3g}",
+             f"router load with the correction bias: {len(busy)} of {ld['E']} experts used, most loaded {c.max().item()} tokens "
+             f"(uniform load: {nk / ld['E']:.2f} each); tokens per expert, busiest first (expert:tokens):",
+             *["  " + " ".join(pairs[i:i + 16]) for i in range(0, len(pairs), 16)],
+             f"  without the bias: {int((c0 > 0).sum())} experts used, most loaded {c0.max().item()} tokens; the bias changes "
+             f"{ld['changed']} of {nk} selections ({ld['changed'] / nk:.1%}), in {ld['tokens_changed']} of {ld['N']} tokens"]
+    if r["format"] == "bf16": return "\n".join(lines + ["experts are BF16 in this checkpoint: no NVFP4 comparison"])
+    w4 = r["w4a4"]
+    lines.append("NVFP4 W4A4 vs W4A16: " + ("no input scales in the checkpoint, not measured" if w4 is None else
+                 f"relative RMS {w4['block']:.4f} on the block output, {w4['routed']:.4f} on its routed part"))
+    rq = r["requant"]
+    if rq:
+        lines.append(f"re-quantising the dequantised weights of the {len(rq) // 3} busiest experts ({len(rq)} matrices): "
+                     f"max relative RMS {max(d['rel_rms'] for d in rq):.1e}, identical codes {min(d['codes_same'] for d in rq):.2%} "
+                     f"(worst matrix), identical block scales {min(d['scales_same'] for d in rq):.2%}, global scales differ by at most "
+                     f"{max(abs(d['global_ratio'] - 1) for d in rq):.1e} relative")
+    lines.append("W4A16 vs BF16 experts holding the dequantised weights: identical by construction (same F.linear, same matrix)")
+    return "\n".join(lines)
