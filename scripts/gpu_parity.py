@@ -225,9 +225,8 @@ def main() -> int:
                                 "--child-out", str(outf), "--tokens", str(a.tokens)], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:
-            r = subprocess.CompletedProcess(e.cmd, 124, e.stdout or "", (e.stderr or "") + "\n[gpu_parity: timed out]")
-            r.stdout = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
-            r.stderr = r.stderr.decode() if isinstance(r.stderr, bytes) else r.stderr
+            txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
+            r = subprocess.CompletedProcess(e.cmd, 124, txt(e.stdout), txt(e.stderr) + "\n[gpu_parity: timed out]")
         (Path(a.out) / f"{a.name}_{fmt}_{mode}_{dtype}.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0:
             report["failures"].append(f"{case}: vLLM run failed (rc {r.returncode}): {(r.stderr or r.stdout)[-800:]}")
