@@ -167,6 +167,10 @@ def kda_chunked(q:torch.Tensor, # [B, T, H, K] queries
                        chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     if chunk_size < 1 or chunk_size & (chunk_size - 1): raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
     B, T, H, K, V = _check_core(q, k, v, g, beta, initial_state)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
+        # the chunked form writes into preallocated buffers, which autograd cannot record: the loop, differentiably
+        return kda_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state,
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     out_dtype = v.dtype
     scale = K ** -0.5 if scale is None else scale       # o is linear in q: the scale is applied to o
     if use_qk_l2norm_in_kernel: q, k = l2norm(q), l2norm(k)
