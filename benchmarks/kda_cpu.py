@@ -1,16 +1,16 @@
 #!/usr/bin/env python
 """CPU timing of the two KDA core functions: `kda_chunked` against the reference loop `kda_recurrent`.
 
-    python benchmarks/kda_cpu.py [--T 4096] [--H 4] [--D 128] [--threads 1] [--repeats 5] [--out PATH]
+    python benchmarks/kda_cpu.py [--T 4096] [--H 4] [--D 128] [--threads 1] [--repeats 27] [--recurrent-repeats 9] [--out PATH]
 
 Both run fp32 on the same random inputs (unit-norm q/k, decay from the KDA gate, beta = 2*sigmoid, a random initial
-state). The two are timed interleaved (the chunked form `--repeats` times, the loop `--recurrent-repeats` times); the best CPU
-time of each is the headline (wall times are recorded too). Writes a JSON
-record (command, versions, CPU, thread count, load average, times, speed-up, agreement) to
+state). The two are timed interleaved (the chunked form `--repeats` times, the loop `--recurrent-repeats` times, spread
+evenly among them); the headline is the ratio of the MEDIAN CPU times (the best times and wall times are recorded too).
+Writes a JSON record (command, versions, CPU, thread count, load average, times, speed-ups, agreement) to
 `benchmarks/results/kda_cpu.json` and prints one line. The figure is a ratio on a shared CPU: read it with the
-recorded load average.
+recorded load average and the spread of the runs.
 """
-import argparse, json, os, platform, sys, time
+import argparse, json, math, os, platform, statistics, sys, time
 from pathlib import Path
 
 import torch
@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--H", type=int, default=4, help="heads")
     ap.add_argument("--D", type=int, default=128, help="head dim (d_k = d_v)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: a fair, reproducible ratio)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs of the chunked form (best is reported)")
-    ap.add_argument("--recurrent-repeats", type=int, default=3, help="timed runs of the loop (best is reported)")
+    ap.add_argument("--repeats", type=int, default=27, help="timed runs of the chunked form (the median is reported)")
+    ap.add_argument("--recurrent-repeats", type=int, default=9, help="timed runs of the loop (the median is reported)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "kda_cpu.json"))
     a = ap.parse_args(argv)
     if min(a.T, a.H, a.D, a.threads, a.repeats, a.recurrent_repeats) < 1: ap.error("all sizes must be positive")
@@ -49,21 +49,26 @@ def main(argv=None) -> int:
         r = fn(**x, output_final_state=True)
         return r, time.process_time() - c0, time.perf_counter() - w0
     chunked_cpu, chunked_wall, recurrent_cpu, recurrent_wall = [], [], [], []
-    for i in range(a.repeats):          # interleaved, so both see the same background load
-        (o_c, s_c), c, w = timed(kda_chunked); chunked_cpu.append(c); chunked_wall.append(w)
-        if i < a.recurrent_repeats:
+    every = max(1, math.ceil(a.repeats / a.recurrent_repeats))
+    for i in range(max(a.repeats, a.recurrent_repeats * every)):   # interleaved, so both see the same background load
+        if i < a.repeats:
+            (o_c, s_c), c, w = timed(kda_chunked); chunked_cpu.append(c); chunked_wall.append(w)
+        if i % every == 0 and len(recurrent_cpu) < a.recurrent_repeats:
             (o_r, s_r), c, w = timed(kda_recurrent); recurrent_cpu.append(c); recurrent_wall.append(w)
     # CPU time, not wall time: on a shared machine wall time also counts the seconds other processes held the core
-    recurrent_s, chunked_s = min(recurrent_cpu), min(chunked_cpu)
+    med = statistics.median
+    recurrent_s, chunked_s = med(recurrent_cpu), med(chunked_cpu)
 
     rec = dict(
         benchmark="kda_cpu", command=" ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
         T=a.T, H=a.H, D=a.D, B=1, dtype="float32", chunk_size=64, threads=a.threads,
-        timing="best CPU time of the process (time.process_time) per run; wall times recorded alongside",
+        timing="median CPU time of the process (time.process_time) over the runs; best times and wall times recorded alongside",
         recurrent_s=recurrent_s, chunked_s=chunked_s, speedup=recurrent_s / chunked_s,
+        recurrent_best_s=min(recurrent_cpu), chunked_best_s=min(chunked_cpu),
+        speedup_best=min(recurrent_cpu) / min(chunked_cpu),
         recurrent_cpu_runs_s=recurrent_cpu, chunked_cpu_runs_s=chunked_cpu,
         recurrent_wall_runs_s=recurrent_wall, chunked_wall_runs_s=chunked_wall,
-        speedup_wall=min(recurrent_wall) / min(chunked_wall),
+        speedup_wall=med(recurrent_wall) / med(chunked_wall),
         rel_rms_o=rel_rms(o_c, o_r), rel_rms_state=rel_rms(s_c, s_r),
         cpu=cpu_model(), cpu_count=os.cpu_count(), loadavg_before=load0, loadavg_after=os.getloadavg(),
         torch=torch.__version__, python=platform.python_version(),
@@ -71,8 +76,9 @@ def main(argv=None) -> int:
     )
     out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")
-    print(f"T={a.T} H={a.H} D={a.D} threads={a.threads}: recurrent {recurrent_s:.2f} s, chunked {chunked_s:.3f} s CPU "
-          f"-> {rec['speedup']:.1f}x (wall {rec['speedup_wall']:.1f}x; rel. RMS o {rec['rel_rms_o']:.1e}, state {rec['rel_rms_state']:.1e}); "
+    print(f"T={a.T} H={a.H} D={a.D} threads={a.threads}: median CPU time recurrent {recurrent_s:.2f} s, chunked {chunked_s:.3f} s "
+          f"-> {rec['speedup']:.1f}x (best runs {rec['speedup_best']:.1f}x, wall {rec['speedup_wall']:.1f}x; "
+          f"rel. RMS o {rec['rel_rms_o']:.1e}, state {rec['rel_rms_state']:.1e}); "
           f"load {load0[0]:.1f} -> {rec['loadavg_after'][0]:.1f}; wrote {out}")
     return 0
 

@@ -127,30 +127,27 @@ def kda_gate(f:torch.Tensor, # [..., H*D] or [..., H, D] raw forget pre-activati
 CHUNK_SIZE = 64   # tokens per chunk, as FLA's chunk_kda
 _GROUP = 8        # chunks whose intra-chunk work is batched together (bounds memory for long sequences)
 
-def _pair_decay(kq:torch.Tensor, # [..., C, 2, K] each chunk's keys and queries, interleaved per position
-                g:torch.Tensor, # [..., C, K] log decays
-               )->tuple: # M^kk (s<t), M^qk (s<=t) [..., C, C]; [K̃, Q̃] [..., C, 2, K]; e^{Γ_C−Γ}⊙K [..., C, K]; e^{Γ_C} [..., K]
+def _pair_decay(KA:torch.Tensor, # [X, C, 2, K] each chunk's [k; q] ⊙ e^g, interleaved per position (rescaled in place)
+                KB:torch.Tensor, # [X, C, K] each chunk's keys (rescaled in place)
+                e:torch.Tensor, # [X, C, K] the per-step decays e^g
+                M:torch.Tensor, # [X, C, 2, C] receives M^kk and M^qk below the diagonal: [..., t, (kk | qk), s < t]
+               )->torch.Tensor: # e^{Γ_C} [X, K]; on return KA = [K̃; Q̃] and KB = e^{Γ_C−Γ} ⊙ K
     "The decay-weighted key-key and query-key products of every chunk, and the inputs scaled by the decays."
-    *lead, C, _, K = kq.shape
-    M = kq.new_zeros(*lead, C, 2, C)                         # [..., t, (kk | qk), s]
-    M[..., 1, :].diagonal(dim1=-2, dim2=-1).copy_((kq[..., 0, :] * kq[..., 1, :]).sum(-1))   # s = t: q_t·k_t
-    tot = g.exp()                                            # per-block total decay, block size 1: e^{g_t}
-    KA = kq * tot[..., None, :]                              # [..., C, 2, K] k, q · decay block start -> t
-    KB = kq[..., 0, :].clone()                               # [..., C, K]    k · decay after s -> block end
-    h = 1
+    X, C, _, K = KA.shape
+    tot, h = e, 1                                            # per-block total decay, block size 1: e^{g_t}
     while h < C:
         nb = C // (2 * h)                                    # blocks of size 2h: left half holds s, right half t
-        KAv = KA.view(*lead, nb, 2, 2 * h, K)                # [..., nb, half, (h, k|q), K]
-        KBv = KB.view(*lead, nb, 2, h, K)                    # [..., nb, half, h, K]
-        tv = tot.view(*lead, nb, 2, 1, K)                    # [..., nb, half, 1, K] the halves' total decays
-        cross = KAv[..., 1, :, :] @ KBv[..., 0, :, :].mT     # [..., nb, (h_t, k|q), h_s]
-        blocks = M.view(*lead, nb, 2, 2 * h, nb, 2, h)[..., :, 1, :, :, 0, :]   # [..., nb, 2h, nb, h] (right-half rows, left-half cols)
-        blocks.diagonal(dim1=-4, dim2=-2).copy_(cross.movedim(-3, -1))         # block i of rows meets block i of columns
-        KBv[..., 0, :, :] *= tv[..., 1, :, :]                # left half now decays to the end of the 2h block
-        KAv[..., 1, :, :] *= tv[..., 0, :, :]                # right half now decays from the start of the 2h block
-        tot = tv[..., 0, :, :] * tv[..., 1, :, :]            # [..., nb, 1, K] totals of the 2h blocks
+        KAr = KA.view(X, nb, 2, 2 * h, K).select(2, 1)       # [X, nb, (h, k|q), K] right halves
+        KBl = KB.view(X, nb, 2, h, K).select(2, 0)           # [X, nb, h, K] left halves
+        tl, tr = tot.view(X, nb, 2, 1, K).unbind(2)          # [X, nb, 1, K] the halves' total decays
+        cross = torch.bmm(KAr.view(X * nb, 2 * h, K), KBl.view(X * nb, h, K).mT)   # [X·nb, (h_t, k|q), h_s]
+        blocks = M.view(X, nb, 2, 2 * h, nb, 2, h).select(5, 0).select(2, 1)      # [X, nb, 2h, nb, h] right-half rows, left-half columns
+        blocks.diagonal(dim1=1, dim2=3).copy_(cross.view(X, nb, 2 * h, h).movedim(1, -1))   # block i of rows meets block i of columns
+        KBl *= tr                                            # left half now decays to the end of the 2h block
+        KAr *= tl                                            # right half now decays from the start of the 2h block
+        tot = tl * tr                                        # [X, nb, 1, K] totals of the 2h blocks
         h *= 2
-    return M[..., 0, :], M[..., 1, :], KA, KB, tot.view(*lead, K)
+    return tot.reshape(X, K)
 
 # %% ../nbs/02_kda.ipynb #ff54baa1
 def kda_chunked(q:torch.Tensor, # [B, T, H, K] queries
@@ -171,45 +168,58 @@ def kda_chunked(q:torch.Tensor, # [B, T, H, K] queries
                        chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     if chunk_size < 1 or chunk_size & (chunk_size - 1): raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
     B, T, H, K, V = _check_core(q, k, v, g, beta, initial_state)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
+        # the chunked form writes into preallocated buffers, which autograd cannot record: the loop, differentiably
+        return kda_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state,
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     out_dtype = v.dtype
-    scale = K ** -0.5 if scale is None else scale
-    q, k, v, g, beta = _prep_core(q, k, v, g, beta, 1.0, use_qk_l2norm_in_kernel)   # o is linear in q: scaled at the end
-    C = chunk_size
-    N = -(-T // C)
-    pad = N * C - T                     # padded steps: k = 0, beta = 0, g = 0 leave the state untouched
-    def chunks(x):                      # [B, T, H, *] -> view [N, B, H, C, *]
-        if pad: x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
-        return x.view(B, N, C, H, *x.shape[3:]).transpose(0, 1).movedim(2, 3)
-    kq = torch.stack([chunks(k), chunks(q)], -2)                         # [N, B, H, C, 2, K]
-    v, g, beta = (chunks(x).contiguous() for x in (v, g, beta))         # [N, B, H, C, V|K], beta [N, B, H, C]
-    I = torch.eye(C, dtype=q.dtype, device=q.device)
-    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)
-    o = q.new_empty(N, B, H, C, V)
-    for n0 in range(0, N, _GROUP):
-        n1 = min(n0 + _GROUP, N); n = n1 - n0
-        bc = beta[n0:n1, ..., None]                                             # [n, B, H, C, 1]
-        Mk, Mq, KQt, Kend, decay = _pair_decay(kq[n0:n1], g[n0:n1])
-        A = torch.addcmul(I, bc, Mk)                                            # [n, B, H, C, C] I + Diag(β) M^kk
-        Ainv = torch.linalg.solve_triangular(A, I.expand_as(A), upper=False, unitriangular=True)
-        Ainv_b = Ainv * bc.mT                                                   # (I + Diag(β) M^kk)⁻¹ Diag(β)
-        U = (Ainv_b @ v[n0:n1]).view(n, B * H, C, V)                            # [n, B·H, C, V]
-        W = (Ainv_b @ KQt[..., 0, :]).view(n, B * H, C, K)                      # [n, B·H, C, K]
-        KendT = Kend.mT.reshape(n, B * H, K, C)                                # (e^{Γ_C−Γ} ⊙ K)ᵀ
-        decay = decay.view(n, B * H, K, 1)                                     # e^{Γ_C}
-        states = q.new_empty(n + 1, B, H, K, V)                                 # chunk-start states, then the end state
-        deltas = q.new_empty(n, B * H, C, V)
-        states[0] = S
-        for j in range(n):
-            d = torch.baddbmm(U[j], W[j], states[j].view(B * H, K, V), alpha=-1, out=deltas[j])   # Δ = U − W S  [B·H, C, V]
-            torch.baddbmm(decay[j] * states[j].view(B * H, K, V), KendT[j], d,
-                          out=states[j + 1].view(B * H, K, V))                 # S ← e^{Γ_C} S + Kendᵀ Δ
-        S = states[n]
-        torch.baddbmm(Mq.reshape(n * B * H, C, C) @ deltas.view(n * B * H, C, V),
-                      KQt[..., 1, :].reshape(n * B * H, C, K), states[:n].view(n * B * H, K, V),
-                      out=o[n0:n1].view(n * B * H, C, V))                       # O = Q̃ S₀ + M^qk Δ
-    out = torch.mul(o.permute(1, 0, 3, 2, 4), scale, out=q.new_empty(B, N, C, H, V))     # q's scale, [B, N, C, H, V]
-    out = out.view(B, N * C, H, V)[:, :T]                                                # [B, T, H, V]
-    return out.to(out_dtype).contiguous(), (S.clone() if output_final_state else None)
+    scale = K ** -0.5 if scale is None else scale       # o is linear in q: the scale is applied to o
+    if use_qk_l2norm_in_kernel: q, k = l2norm(q), l2norm(k)
+    dt = _acc_dtype(q)
+    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))   # fp32 (fp64 stays fp64); no copy if already so
+    C, BH = chunk_size, B * H
+    N = -(-T // C)                                      # chunks; padded steps (k = q = v = 0, beta = 0, g = 0) change nothing
+    qk = torch.linalg.vecdot(k, q)                      # [B, T, H] q_t·k_t, the diagonal of M^qk
+    def chunks(x, n0, n1):                              # chunks n0..n1-1 of x [B, T, H, *] -> view [n, B, H, C, *]
+        x = x[:, n0 * C:n1 * C]
+        if x.shape[1] < (n1 - n0) * C: x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, (n1 - n0) * C - x.shape[1]))
+        return x.unflatten(1, (n1 - n0, C)).permute(1, 0, 3, 2, *range(4, x.dim() + 1))
+    I = torch.eye(C, dtype=dt, device=q.device)
+    S = q.new_zeros(BH, K, V) if initial_state is None else initial_state.to(dt).reshape(BH, K, V).clone()  # [B·H, K, V]
+    out = q.new_empty(B, N * C, H, V)
+    G = max(1, min(_GROUP, N))                          # buffers reused by every group
+    KAb, KBb, eb = q.new_empty(G, B, H, C, 2, K), q.new_empty(G, B, H, C, K), q.new_empty(G, B, H, C, K)
+    Mb = q.new_zeros(G * BH, C, 2, C)                   # only the lower triangles are ever written
+    P, R, D, O = q.new_empty(BH, C, 2, V), q.new_empty(BH, C, V), q.new_empty(BH, C, V), q.new_empty(BH, C, V)
+    P2, P0, P1 = P.view(BH, 2 * C, V), P[:, :, 0].view(B, H, C, V), P[:, :, 1]   # [K̃; Q̃] S₀ and its two halves
+    R4, O4 = R.view(B, H, C, V), O.view(B, H, C, V)
+    for n0 in range(0, N, G):
+        n1 = min(n0 + G, N); n = n1 - n0; X = n * BH
+        # everything that does not depend on the state, for the n chunks at once
+        e = eb[:n].copy_(chunks(g, n0, n1)).exp_()                              # [n, B, H, C, K] e^g (exp on a strided view is slower)
+        KB = KBb[:n]; KB.copy_(chunks(k, n0, n1))                                # [n, B, H, C, K]
+        KA = KAb[:n]                                                             # [n, B, H, C, (k|q), K]
+        torch.mul(KB, e, out=KA[..., 0, :]); torch.mul(chunks(q, n0, n1), e, out=KA[..., 1, :])
+        M = Mb[:X]                                                               # [n·B·H, C, 2, C]
+        M[:, :, 1].diagonal(dim1=-2, dim2=-1).view(n, B, H, C).copy_(chunks(qk, n0, n1))   # s = t: q_t·k_t
+        decay = _pair_decay(KA.view(X, C, 2, K), KB.view(X, C, K), e.view(X, C, K), M)   # e^{Γ_C} [n·B·H, K]
+        bc = chunks(beta, n0, n1).reshape(X, C, 1)                               # [n·B·H, C, 1]
+        A = torch.addcmul(I, bc, M[:, :, 0])                                     # I + Diag(β) M^kk
+        Tm = torch.linalg.solve_triangular(A, I.expand_as(A), upper=False, left=False, unitriangular=True)
+        Tm = Tm.mul_(bc.mT).view(n, BH, C, C)                                    # T = A⁻¹ Diag(β)
+        vc = chunks(v, n0, n1)                                                   # [n, B, H, C, V]
+        oc = out[:, n0 * C:n1 * C].unflatten(1, (n, C)).permute(1, 0, 3, 2, 4)   # [n, B, H, C, V] view of the output
+        # the state recurrence, one chunk at a time
+        for KQj, Tj, Mqj, KendTj, dj, vj, oj in zip(KA.view(n, BH, 2 * C, K), Tm, M[:, :, 1].view(n, BH, C, C),
+                                                    KB.view(n, BH, C, K).mT, decay.view(n, BH, K, 1), vc, oc):
+            torch.bmm(KQj, S, out=P2)                                            # [K̃; Q̃] S₀   [B·H, (C, 2), V]
+            torch.sub(vj, P0, out=R4)                                            # V − K̃ S₀
+            torch.bmm(Tj, R, out=D)                                              # Δ = T (V − K̃ S₀)   [B·H, C, V]
+            torch.baddbmm(P1, Mqj, D, beta=scale, alpha=scale, out=O)            # O = (Q̃ S₀ + M^qk Δ) · scale
+            oj.copy_(O4)
+            S.mul_(dj).baddbmm_(KendTj, D)                                       # S ← e^{Γ_C} ⊙ S + Kendᵀ Δ
+    out = out[:, :T] if N * C > T else out
+    return out.to(out_dtype).contiguous(), (S.view(B, H, K, V) if output_final_state else None)
 
 # %% ../nbs/02_kda.ipynb #2b0b605b
 def _varlen(fn, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, **kw):

@@ -117,3 +117,15 @@ def test_benchmark_script_writes_json(tmp_path):
     assert rec["T"] == 130 and rec["speedup"] > 0 and rec["rel_rms_o"] < 1e-5
     r = subprocess.run([sys.executable, "benchmarks/kda_cpu.py", "--T", "0"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "positive" in r.stderr
+
+
+@pytest.mark.parametrize("init", [False, True])
+def test_chunked_matches_recurrent_across_groups(init):
+    "More chunks than one group of the chunked form (3 groups, the last partial, a padded last chunk), d = 128."
+    T = 17 * 64 - 23
+    x = random_kda_inputs(B=2, T=T, H=2, K=128, seed=5000 + init, initial_state=init)
+    s0 = x["initial_state"].clone() if init else None
+    o_r, s_r = kda_recurrent(**x, output_final_state=True)
+    o_c, s_c = kda_chunked(**x, output_final_state=True)
+    assert rel_rms(o_c, o_r) <= 1e-6 and rel_rms(s_c, s_r) <= 1e-6
+    if init: assert torch.equal(x["initial_state"], s0)
