@@ -369,9 +369,10 @@ def test_server_env_and_shim(tmp_path):
     assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(gcs.SCRIPTS), str(shim), "/root/site"]
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["TRITON_CACHE_AUTOTUNING"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_PLUGINS"] == "other,solar_open2"
-    # a fresh interpreter with that PYTHONPATH sees the plugin entry point and can import this script by name
+    # a fresh interpreter with that PYTHONPATH sees the plugin entry point (the shim's, and the package's own when it is
+    # installed, as in CI: both name the same function) and can import this script by name
     code = ("from importlib.metadata import entry_points; import gpu_chat_server as g; "
-            "print([e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'solar_open2'], g.LOGITS_PROCESSOR)")
+            "print(sorted({e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'solar_open2'}), g.LOGITS_PROCESSOR)")
     out = subprocess.run([sys.executable, "-c", code], env={**env, "PATH": os.environ.get("PATH", "")},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
