@@ -14,13 +14,17 @@ checkpoint and compares:
 * tokens: teacher-forced on vLLM's sequence, whether each vLLM token is the reference's argmax (if all are, the
   reference's own greedy continuation is the same sequence, by induction); a mismatch where the reference's top-2
   margin is below `--tie-nats` is counted as a near-tie, not a failure;
-* logprobs: |vLLM logprob - reference log-softmax of the same token| per position (max and mean);
+* logprobs: |vLLM logprob - reference log-softmax| for the chosen token and for vLLM's top-20 tokens at every position;
 * eager vs graphs: identical tokens and the logprob difference.
 
-Pass: every prompt's tokens equal the reference's (near-ties excepted), max |Δlogprob| <= --logprob-tol (default
-0.1 nats: vLLM computes in bf16, the reference in fp32; NVFP4 runs through Marlin W4A16 on Hopper, i.e. the same
-dequantised weights), and eager == graphs. Writes `<name>.json` (default `gpu_parity.json`) and one engine log per
-run to --out (default: $OUT if set, else benchmarks/results/) and exits 1 if any check fails.
+Pass: every vLLM token is the reference's argmax (near-ties excepted); fp32 cases: top-20 max |dlogprob| <=
+--logprob-tol (default 0.1 nats) and mean <= tol/10; bf16 cases: top-20 mean |dlogprob| within --noise-factor (2) x
+the bf16 reference's own deviation from fp32 on the same sequence + 0.01 (vLLM computes in bf16; NVFP4 runs through
+Marlin W4A16 on Hopper, i.e. the same dequantised weights); eager == graphs in tokens. The tiny checkpoint (version 2)
+has a successor map in its `lm_head` so that its top-2 margins are nats wide and BF16 rounding cannot flip a greedy
+token (chapter 06); on it, dropping the beta doubling moves the top-20 logprobs ~3.5x the BF16 noise. Writes
+`<name>.json` (default `gpu_parity.json`) and one engine log per run to --out (default: $OUT if set, else
+benchmarks/results/) and exits 1 if any check fails.
 
 The plugin must be visible to every process vLLM starts. If the checkout is installed (`pip install --no-deps -e .`
 declares the `vllm.general_plugins` entry point) that is all; otherwise the script writes a throw-away `*.dist-info`
@@ -34,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("compressed-tensors", "bf16")
 MODES = ("eager", "graphs")
+TOPK = 20   # logprobs returned per position (vLLM's default max_logprobs)
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
        "VLLM_USE_FLASHINFER_SAMPLER": "0", "TRITON_CACHE_AUTOTUNING": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -73,7 +78,7 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16") 
     t0 = time.perf_counter()
     llm = LLM(**kw)
     t_init = time.perf_counter() - t0
-    sp = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, detokenize=False, logprobs=1)
+    sp = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, detokenize=False, logprobs=TOPK)
 
     def gen(ps):
         outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
@@ -81,7 +86,8 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16") 
         for o in outs:
             c = o.outputs[0]
             res.append({"tokens": list(c.token_ids),
-                        "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]})
+                        "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                        "topk": [{int(i): float(x.logprob) for i, x in lp.items()} for lp in c.logprobs]})
         return res
 
     ps = prompts()
@@ -112,32 +118,41 @@ def reference_logprobs(m, ids: list, device: str):
         return torch.log_softmax(logits[0].float(), -1)
 
 
-def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float) -> dict:
-    "Per position: is `tokens[i]` the argmax of the reference log-probs `lp` [n, V] (near-ties apart), and |dlogprob|."
+def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | None = None) -> dict:
+    """Per position: is `tokens[i]` the argmax of the reference log-probs `lp` [n, V] (near-ties apart), |dlogprob| of
+    the chosen token, and with `topk` (vLLM's {token id: logprob} per position) |dlogprob| over those tokens."""
     top2 = lp.topk(2, -1)
-    mism, ties, dlp = [], [], []
+    mism, ties, dlp, dk = [], [], [], []
     for i, t in enumerate(tokens):
         dlp.append(abs(logprobs[i] - float(lp[i, t])))
         if t != int(top2.indices[i, 0]):
             (ties if float(top2.values[i, 0] - lp[i, t]) < tie_nats else mism).append(i)
+        if topk: dk += [abs(v - float(lp[i, j])) for j, v in topk[i].items()]
     div = min(mism + ties) if mism + ties else None
-    return {"mismatches": mism, "near_ties": ties, "first_divergence": div,
-            "max_abs_dlogprob": max(dlp), "mean_abs_dlogprob": sum(dlp) / len(dlp)}
+    out = {"mismatches": mism, "near_ties": ties, "first_divergence": div,
+           "max_abs_dlogprob": max(dlp), "mean_abs_dlogprob": sum(dlp) / len(dlp),
+           "min_top2_margin": float((top2.values[:, 0] - top2.values[:, 1]).min())}
+    if topk: out.update(topk_max_abs_dlogprob=max(dk), topk_mean_abs_dlogprob=sum(dk) / len(dk))
+    return out
 
 
 def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) -> dict:
     """Teacher-force vLLM's sequence through the fp32 reference `m`: each vLLM token vs the reference argmax, and the
-    logprobs. With `m16` (the same reference in bf16) also the noise floor: the bf16 reference's own tokens-as-argmax
-    and logprobs against the fp32 reference on the same sequence."""
+    logprobs (chosen token and vLLM's top-k). With `m16` (the same reference in bf16) also the noise floor: the bf16
+    reference's own argmax and logprobs against the fp32 reference on the same sequence and the same top-k ids."""
+    import torch
     n = len(got["tokens"]); ids = prompt + got["tokens"]
     lp = reference_logprobs(m, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]          # [n, V]
-    out = {"prompt_len": len(prompt), **compare_lp(lp, got["tokens"], got["logprobs"], tie_nats)}
+    out = {"prompt_len": len(prompt), **compare_lp(lp, got["tokens"], got["logprobs"], tie_nats, got.get("topk"))}
     if m16 is not None:
-        lp16 = reference_logprobs(m16, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]
-        ref16 = compare_lp(lp, lp16.argmax(-1).tolist(), lp16.gather(1, lp16.argmax(-1, keepdim=True))[:, 0].tolist(), tie_nats)
-        dl16 = (lp16 - lp).gather(1, __import__("torch").tensor(got["tokens"], device=lp.device)[:, None]).abs()
+        lp16 = reference_logprobs(m16, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]  # [n, V]
+        am = lp16.argmax(-1)                                                               # [n]
+        ref16 = compare_lp(lp, am.tolist(), lp16.gather(1, am[:, None])[:, 0].tolist(), tie_nats,
+                           [{j: float(lp16[i, j]) for j in got["topk"][i]} for i in range(n)] if got.get("topk") else None)
+        dl16 = (lp16 - lp).gather(1, torch.tensor(got["tokens"], device=lp.device)[:, None]).abs()   # [n, 1]
         out["noise_floor_bf16_reference"] = {"mismatches": len(ref16["mismatches"]), "mean_abs_dlogprob": float(dl16.mean()),
-                                             "max_abs_dlogprob": float(dl16.max())}
+                                             "max_abs_dlogprob": float(dl16.max()),
+                                             **{k: ref16[k] for k in ("topk_mean_abs_dlogprob", "topk_max_abs_dlogprob") if k in ref16}}
     return out
 
 
@@ -155,20 +170,25 @@ DEFAULT_CASES = ("compressed-tensors:eager:bfloat16", "bf16:eager:float32", "com
 
 
 def judge(case: str, dtype: str, cmps: list, a) -> list:
-    "Failure lines for one case. fp32: every token the reference's argmax (near-ties apart) and |dlogprob| <= tol."
+    """Failure lines for one case. Tokens: every vLLM token is the fp32 reference's argmax on vLLM's own sequence
+    (near-ties below --tie-nats apart; with the tiny checkpoint's successor map the smallest margin is ~2 nats).
+    Logprobs, over vLLM's top-k tokens at every position: fp32 max |dlogprob| <= --logprob-tol and mean <= tol/10;
+    bf16 mean |dlogprob| <= --noise-factor x the bf16 reference's own deviation + 0.01 (dropping the beta doubling
+    moves it ~3.5x)."""
     fails = []
+    for i, c in enumerate(cmps):
+        if c["mismatches"]: fails.append(f"{case} seq {i}: tokens differ from the fp32 reference's argmax at {c['mismatches']}")
     if dtype == "float32":
         for i, c in enumerate(cmps):
-            if c["mismatches"]: fails.append(f"{case} seq {i}: tokens differ from the fp32 reference at {c['mismatches']}")
-            if c["max_abs_dlogprob"] > a.logprob_tol: fails.append(f"{case} seq {i}: max |dlogprob| {c['max_abs_dlogprob']:.4f} > {a.logprob_tol}")
+            mx, mean = c.get("topk_max_abs_dlogprob", c["max_abs_dlogprob"]), c.get("topk_mean_abs_dlogprob", c["mean_abs_dlogprob"])
+            if mx > a.logprob_tol: fails.append(f"{case} seq {i}: max |dlogprob| {mx:.4f} > {a.logprob_tol}")
+            if mean > a.logprob_tol / 10: fails.append(f"{case} seq {i}: mean |dlogprob| {mean:.4f} > {a.logprob_tol / 10}")
         return fails
-    # bf16: the tiny random model is chaotic (a bf16 rounding flips expert routing), so the reference itself in bf16
-    # deviates from fp32 by nats; vLLM must stay within the same envelope (x `--noise-factor`), summed over sequences.
-    mm = sum(len(c["mismatches"]) for c in cmps); mm16 = sum(c["noise_floor_bf16_reference"]["mismatches"] for c in cmps)
-    md = sum(c["mean_abs_dlogprob"] for c in cmps) / len(cmps)
-    md16 = sum(c["noise_floor_bf16_reference"]["mean_abs_dlogprob"] for c in cmps) / len(cmps)
-    if mm > a.noise_factor * mm16 + 2: fails.append(f"{case}: {mm} token mismatches vs the bf16 reference's {mm16} (x{a.noise_factor} + 2 allowed)")
-    if md > a.noise_factor * md16 + 0.01: fails.append(f"{case}: mean |dlogprob| {md:.4f} vs the bf16 reference's {md16:.4f} (x{a.noise_factor} + 0.01 allowed)")
+    key = "topk_mean_abs_dlogprob" if "topk_mean_abs_dlogprob" in cmps[0] else "mean_abs_dlogprob"
+    md = sum(c[key] for c in cmps) / len(cmps)
+    md16 = sum(c["noise_floor_bf16_reference"][key] for c in cmps) / len(cmps)
+    if md > a.noise_factor * md16 + 0.01:
+        fails.append(f"{case}: mean |dlogprob| over the top-{TOPK} {md:.4f} vs the bf16 reference's {md16:.4f} (x{a.noise_factor} + 0.01 allowed)")
     return fails
 
 
@@ -254,7 +274,12 @@ def main() -> int:
                 e_, g_ = (other, res) if m2 == "eager" else (res, other)
                 same = [x["tokens"] == y["tokens"] for x, y in zip(e_["single"], g_["single"])]
                 d = max(abs(u - v) for x, y in zip(e_["single"], g_["single"]) for u, v in zip(x["logprobs"], y["logprobs"]))
-                report["runs"][f"{fmt}:{dtype}:eager_vs_graphs"] = {"same_tokens": same, "max_abs_dlogprob": d}
+                dk = [abs(p[j] - q[j]) for x, y in zip(e_["single"], g_["single"]) for p, q in zip(x["topk"], y["topk"])
+                      for j in p if j in q]
+                report["runs"][f"{fmt}:{dtype}:eager_vs_graphs"] = {"same_tokens": same, "max_abs_dlogprob": d,
+                                                                    "topk_max_abs_dlogprob": max(dk), "topk_mean_abs_dlogprob": sum(dk) / len(dk)}
+                if not all(same): report["failures"].append(f"{fmt}:{dtype}: eager and CUDA graphs differ in tokens for prompts "
+                                                            f"{[i for i, x in enumerate(same) if not x]}")
         (Path(a.out) / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")   # partial results survive a kill
     report["wall_s"] = round(time.time() - t_start, 1)
     report["passed"] = not report["failures"]
@@ -265,11 +290,16 @@ def main() -> int:
         summary[case] = {"init_s": r["init_s"], "mismatches": sum(len(c["mismatches"]) for c in r["single"]),
                          "near_ties": sum(len(c["near_ties"]) for c in r["single"]),
                          "max_dlogprob": round(max(c["max_abs_dlogprob"] for c in r["single"]), 4),
-                         "mean_dlogprob": round(sum(c["mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4)}
+                         "mean_dlogprob": round(sum(c["mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4),
+                         "min_top2_margin": round(min(c["min_top2_margin"] for c in r["single"]), 3)}
+        if "topk_mean_abs_dlogprob" in r["single"][0]:
+            summary[case]["topk_max_dlogprob"] = round(max(c["topk_max_abs_dlogprob"] for c in r["single"]), 4)
+            summary[case]["topk_mean_dlogprob"] = round(sum(c["topk_mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4)
         if "noise_floor_bf16_reference" in r["single"][0]:
             nf = [c["noise_floor_bf16_reference"] for c in r["single"]]
             summary[case]["bf16_reference_noise"] = {"mismatches": sum(x["mismatches"] for x in nf),
-                                                     "mean_dlogprob": round(sum(x["mean_abs_dlogprob"] for x in nf) / len(nf), 4)}
+                                                     "mean_dlogprob": round(sum(x["mean_abs_dlogprob"] for x in nf) / len(nf), 4),
+                                                     "topk_mean_dlogprob": round(sum(x.get("topk_mean_abs_dlogprob", 0) for x in nf) / len(nf), 4)}
     print(json.dumps({"passed": report["passed"], "summary": summary, "failures": report["failures"]}, indent=1))
     return 0 if report["passed"] else 1
 

@@ -16,12 +16,12 @@ from . import nvfp4, chat
 
 # %% auto #0
 __all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'PARTIAL_SUFFIXES', 'EXPERT_FORMS', 'TINY_VERSION',
-           'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS', 'CACHE_ENV',
-           'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo', 'read_header', 'nvfp4_layout',
-           'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems',
-           'CheckpointScan', 'scan_checkpoint', 'CheckpointReader', 'layer_nbytes', 'tiny_weights', 'tiny_tokenizer',
-           'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'preflight', 'cli_preflight',
-           'real_checkpoint']
+           'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS',
+           'CACHE_ENV', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo', 'read_header',
+           'nvfp4_layout', 'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules',
+           'quantization_problems', 'CheckpointScan', 'scan_checkpoint', 'CheckpointReader', 'layer_nbytes',
+           'tiny_weights', 'tiny_tokenizer', 'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'preflight',
+           'cli_preflight', 'real_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #6db45b75
 INDEX_NAME = "model.safetensors.index.json"
@@ -407,10 +407,11 @@ def layer_nbytes(cfg:SolarOpen2Config, # the model's config
     return [per_type[t] for t in cfg.layer_types]
 
 # %% ../nbs/06_checkpoint.ipynb #90fe25b8
-TINY_VERSION = 1       # bump when the tiny checkpoint's content changes (it names the cache directory)
+TINY_VERSION = 2       # bump when the tiny checkpoint's content changes (it names the cache directory)
 TINY_FORMATS = ("compressed-tensors", "modelopt", "bf16")
 TINY_INPUT_AMAX = 16.0  # static activation range given to nvfp4.quantize for every routed expert
 TINY_SHARDS = 4
+TINY_SUCCESSOR = 3.0    # weight of the successor map embed_tokens[pi] in lm_head (table above)
 
 def _init_tensor(s:TensorSpec, g:torch.Generator, cfg:SolarOpen2Config)->torch.Tensor:
     "One fp32 tensor of the tiny checkpoint (table above)."
@@ -427,7 +428,7 @@ def _init_tensor(s:TensorSpec, g:torch.Generator, cfg:SolarOpen2Config)->torch.T
     if n.endswith("_conv1d.weight"): return randn() / math.sqrt(shape[-1])
     assert len(shape) == 2, n
     std = 1 / math.sqrt(shape[1])
-    if n.endswith(("o_proj.weight", "down_proj.weight")): std *= 0.5
+    if n.endswith(("o_proj.weight", "down_proj.weight")): std *= 0.3
     if s.group == "lm_head": std *= 3
     return std * randn()
 
@@ -437,7 +438,11 @@ def tiny_weights(seed:int=0, cfg:SolarOpen2Config|None=None)->dict:
     "The BF16 checkpoint's tensors for the tiny config (routed experts not yet quantised), deterministic in `seed`."
     cfg = cfg or SolarOpen2Config.tiny()
     g = torch.Generator().manual_seed(seed)
-    return {s.name: _init_tensor(s, g, cfg).to(_DTYPE[s.dtype]) for s in tensor_specs(cfg)}
+    w = {s.name: _init_tensor(s, g, cfg) for s in tensor_specs(cfg)}                  # fp32
+    emb = w["model.embed_tokens.weight"].to(torch.bfloat16).float()                     # [V, H] as stored
+    pi = torch.randperm(cfg.vocab_size, generator=g)                                   # [V] successor map, drawn last
+    w["lm_head.weight"] += TINY_SUCCESSOR * emb[pi] / math.sqrt(cfg.hidden_size)       # [V, H]: row v favours token pi[v]
+    return {n: t.to(_DTYPE[s.dtype]) for (n, t), s in zip(w.items(), tensor_specs(cfg))}
 
 # %% ../nbs/06_checkpoint.ipynb #ccc2b981
 # Solar's special tokens at Solar's ids (chapter `chat` owns the table), plus `<unk>` at 0

@@ -48,3 +48,31 @@ def test_compare_counts_mismatches_and_logprob_errors():
     bad = {"tokens": toks[:2] + [worst] + toks[3:], "logprobs": got["logprobs"][:2] + [0.0] + got["logprobs"][3:]}
     c = gp.compare(m, prompt, bad, "cpu", tie_nats=0.05)
     assert c["mismatches"][0] == 2 and c["first_divergence"] == 2 and c["max_abs_dlogprob"] > 1.0
+
+
+def test_topk_logprobs_and_judge():
+    "vLLM's top-k logprobs are compared too; the judge fails a token mismatch, an fp32 logprob error, a bf16 excess."
+    import argparse
+    from solar_open2.checkpoint import tiny_checkpoint
+    m = gp.load_reference(tiny_checkpoint("bf16"), "cpu")
+    m16 = gp.load_reference(tiny_checkpoint("bf16"), "cpu", "bfloat16")
+    prompt = gp.prompts()[1]
+    ids = list(prompt)
+    for _ in range(5): ids.append(int(gp.reference_logprobs(m, ids, "cpu")[-1].argmax()))
+    toks = ids[len(prompt):]
+    lp = gp.reference_logprobs(m, ids, "cpu")[len(prompt) - 1:]                           # [6, V]
+    topk = [{int(j): float(lp[i, j]) for j in lp[i].topk(gp.TOPK).indices} for i in range(len(toks))]
+    got = {"tokens": toks, "logprobs": [float(lp[i, t]) for i, t in enumerate(toks)], "topk": topk}
+    c = gp.compare(m, prompt, got, "cpu", 0.05, m16)
+    assert c["topk_max_abs_dlogprob"] < 1e-5 and c["min_top2_margin"] > 1.0        # the successor map's margins
+    nf = c["noise_floor_bf16_reference"]
+    assert nf["mismatches"] == 0 and 0 < nf["topk_mean_abs_dlogprob"] < 1.0
+    a = argparse.Namespace(logprob_tol=0.1, noise_factor=2.0)
+    assert gp.judge("x", "float32", [c], a) == [] and gp.judge("x", "bfloat16", [c], a) == []
+    off = {**got, "topk": [{j: v + (0.3 if k == 3 else 0.0) for k, (j, v) in enumerate(d.items())} for d in topk]}
+    c2 = gp.compare(m, prompt, off, "cpu", 0.05, m16)
+    assert any("max |dlogprob|" in f for f in gp.judge("x", "float32", [c2], a))
+    far = {**got, "topk": [{j: v + 1.0 for j, v in d.items()} for d in topk]}
+    assert gp.judge("x", "bfloat16", [gp.compare(m, prompt, far, "cpu", 0.05, m16)], a)
+    wrong = {**got, "tokens": toks[:1] + [int(lp[1].argmin())] + toks[2:]}
+    assert any("tokens differ" in f for f in gp.judge("x", "bfloat16", [gp.compare(m, prompt, wrong, "cpu", 0.05, m16)], a))
