@@ -556,7 +556,9 @@ def test_vllm_loads_the_shimmed_plugin_in_a_fresh_process(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "probe_plugin.py").write_text(
         "import os\ndef register():\n    open(os.environ['PROBE_MARKER'], 'a').write('registered\\n')\n")
-    root = ph.write_plugin_shim(tmp_path / "shim", entry_point="solar_open2 = probe_plugin:register")
+    # a name of its own: with the package installed, its `solar_open2` entry point would shadow a probe of that name
+    # (vLLM keeps one plugin per name, the last one discovered)
+    root = ph.write_plugin_shim(tmp_path / "shim", entry_point="solar_open2_probe = probe_plugin:register")
     env = dict(os.environ, PROBE_MARKER=str(tmp_path / "marker"))
     env.pop("VLLM_PLUGINS", None)
     ph.prepend_path(env, tmp_path / "pkg", root)
