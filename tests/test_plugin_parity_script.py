@@ -67,7 +67,7 @@ def test_topk_logprobs_and_judge():
     assert c["topk_max_abs_dlogprob"] < 1e-5 and c["min_top2_margin"] > 1.0        # the successor map's margins
     nf = c["noise_floor_bf16_reference"]
     assert nf["mismatches"] == 0 and 0 < nf["topk_mean_abs_dlogprob"] < 1.0
-    a = argparse.Namespace(logprob_tol=0.1, noise_factor=2.0)
+    a = argparse.Namespace(logprob_tol=0.1, logprob_mean_tol=0.05, noise_factor=2.0)
     assert gp.judge("x", "float32", [c], a) == [] and gp.judge("x", "bfloat16", [c], a) == []
     off = {**got, "topk": [{j: v + (0.3 if k == 3 else 0.0) for k, (j, v) in enumerate(d.items())} for d in topk]}
     c2 = gp.compare(m, prompt, off, "cpu", 0.05, m16)
