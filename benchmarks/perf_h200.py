@@ -109,6 +109,8 @@ def build_parser()->argparse.ArgumentParser:
                     help="graphs phase: vllm = vLLM's default torch.compile + FULL_AND_PIECEWISE graphs; "
                          "none = no torch.compile, FULL_DECODE_ONLY graphs (faster start)")
     ap.add_argument("--moe-backend", default="auto", help="vLLM --moe-backend (auto: let vLLM choose and record it)")
+    ap.add_argument("--fuse-kda-proj", action="store_true",
+                    help="opt into the plugin's fused KDA projections (additional_config solar_open2_fuse_kda_proj)")
     ap.add_argument("--profile", action="store_true", help="torch-profile a few decode steps (summary only in the JSON)")
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--keep-trace", action="store_true", help="also copy rank 0's trace (.json.gz, if < 15 MiB) to $OUT")
@@ -233,6 +235,7 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
               enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
+    if a.fuse_kda_proj: kw["additional_config"] = {"solar_open2_fuse_kda_proj": True}
     if phase == "eager": kw["enforce_eager"] = True
     else:
         cc = {"cudagraph_capture_sizes": sorted(a.capture_sizes)}
@@ -674,7 +677,7 @@ def settings(a, phase:str)->dict:
             "load_format": "dummy", "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
             "enforce_eager": phase == "eager", "compile": None if phase == "eager" else a.compile,
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
-            "moe_backend_requested": a.moe_backend, "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
+            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj, "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,
             "batch_prompt": a.batch_prompt, "batch_tokens": a.batch_tokens, "profile": a.profile,
             "profile_steps": a.profile_steps if a.profile else None, "deadline_s": a.deadline_s}

@@ -97,6 +97,19 @@ def test_engine_kwargs_are_valid_vllm_arguments(tmp_path):
     assert cc.mode == 0 and cc.cudagraph_mode.name == "FULL_DECODE_ONLY"
     with pytest.raises(ValueError, match="phase"): ph.engine_kwargs(a, m, "fast")
 
+def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
+    a = ph.parse_args(["--phase", "graphs"])
+    assert not a.fuse_kda_proj and "additional_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")
+    assert ph.settings(a, "graphs")["fuse_kda_proj"] is False
+    f = ph.parse_args(["--phase", "graphs", "--fuse-kda-proj"])
+    for phase in ("eager", "graphs"):
+        assert ph.engine_kwargs(f, str(tmp_path), phase)["additional_config"] == {"solar_open2_fuse_kda_proj": True}
+    assert ph.settings(f, "graphs")["fuse_kda_proj"] is True
+    if importlib.util.find_spec("vllm") is not None:
+        from vllm.engine.arg_utils import EngineArgs
+        e = ph.engine_kwargs(f, str(tmp_path), "eager")
+        assert EngineArgs(**e).additional_config == {"solar_open2_fuse_kda_proj": True}
+
 def test_token_prompts_are_deterministic_and_in_range():
     p = ph.token_prompt(4096, 196608, 7)
     assert p == ph.token_prompt(4096, 196608, 7) and p != ph.token_prompt(4096, 196608, 8)

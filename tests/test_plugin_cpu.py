@@ -161,6 +161,68 @@ def test_without_packed_mapping_the_fused_qkv_would_be_nvfp4(tiny_dirs):
     assert ct.get_scheme_dict(layer, "model.layers.0.self_attn.qkv_proj") is not None
 
 
+# --- the opt-in fused KDA projections (`solar_open2_fuse_kda_proj`) --------------------------------------------
+
+FUSED = {"solar_open2_fuse_kda_proj": True}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fused_kda_proj_builds_and_loads_every_tensor(tiny_dirs, fmt):
+    from solar_open2.vllm.model import _OPTIONAL_PARAMS
+    model = build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config=FUSED))
+    params = dict(model.named_parameters())
+    for L in TINY.kda_layers:
+        mine = {n.split(".")[4] for n in params if n.startswith(f"model.layers.{L}.self_attn.")}
+        assert {"qkvb_proj", "fg_a_proj", "f_b_proj", "g_b_proj", "o_proj"} <= mine, mine
+        assert not mine & {"q_proj", "k_proj", "v_proj", "b_proj", "f_a_proj", "g_a_proj", "qkv_proj"}, mine
+    assert {int(n.split(".")[2]) for n in params if ".qkv_proj." in n} == {0, 4}           # GQA keeps its qkv_proj
+    P, H, D = TINY.kda_num_heads * TINY.kda_head_dim, TINY.kda_num_heads, TINY.kda_head_dim
+    assert params["model.layers.1.self_attn.qkvb_proj.weight"].shape[0] == 3 * P + H
+    assert params["model.layers.1.self_attn.fg_a_proj.weight"].shape[0] == 2 * D
+    ckpt = checkpoint_tensors(tiny_dirs[fmt])
+    seen = []
+    loaded = model.load_weights((seen.append(n) or (n, t)) for n, t in ckpt.items())
+    assert seen == list(ckpt)
+    assert loaded == {n for n in params if not _OPTIONAL_PARAMS.search(n)}
+    slices = checkpoint_slices(TINY, ckpt, params)
+    assert sorted(n for n, t in ckpt.items() if not same_values(slices[n], t)) == []
+    b = slices["model.layers.1.self_attn.b_proj.weight"]                         # the last block, not f_b/g_b
+    assert b.shape == ckpt["model.layers.1.self_attn.b_proj.weight"].shape
+
+
+@pytest.mark.parametrize("fmt", ("compressed-tensors", "modelopt"))
+def test_fused_kda_proj_stays_bf16_under_the_ignore_list(tiny_dirs, fmt):
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    mods = dict(build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config=FUSED)).named_modules())
+    for L in TINY.kda_layers:
+        for m in ("qkvb_proj", "fg_a_proj", "f_b_proj", "o_proj"):
+            assert type(mods[f"model.layers.{L}.self_attn.{m}"].quant_method) is UnquantizedLinearMethod, (L, m)
+    assert "nvfp4" in type(mods["model.layers.1.mlp.experts.routed_experts"].quant_method).__name__.lower()
+
+
+def test_fused_kda_proj_still_refuses_fused_qkv_unknown_and_missing(tiny_dirs):
+    from solar_open2.vllm.model import WeightLoadError
+    vc = cpu_vllm_config(tiny_dirs["bf16"], additional_config=FUSED)
+    ckpt = checkpoint_tensors(tiny_dirs["bf16"])
+    fused = {n: t for n, t in ckpt.items() if not (n.startswith("model.layers.1.self_attn.") and n.split(".")[-2] in ("q_proj", "k_proj", "v_proj"))}
+    fused["model.layers.1.self_attn.qkv_proj.weight"] = torch.cat([ckpt[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"])
+    with pytest.raises(WeightLoadError, match=r"model.layers.1.self_attn.qkv_proj.weight"):
+        build_model(vc).load_weights(iter(fused.items()))
+    with pytest.raises(WeightLoadError, match=r"1 checkpoint tensor\(s\) the model does not know.*model.layers.8"):
+        build_model(vc).load_weights(iter({**ckpt, "model.layers.8.self_attn.b_proj.weight": torch.zeros(4, 256)}.items()))
+    with pytest.raises(WeightLoadError, match=r"model.layers.2.self_attn.qkvb_proj.weight"):   # a missing b_proj leaves its block unfilled
+        build_model(vc).load_weights((n, t) for n, t in ckpt.items() if n != "model.layers.2.self_attn.b_proj.weight")
+    with pytest.raises(WeightLoadError, match=r"model.layers.2.self_attn.fg_a_proj.weight"):
+        build_model(vc).load_weights((n, t) for n, t in ckpt.items() if n != "model.layers.2.self_attn.g_a_proj.weight")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_unfused_is_the_default(tiny_dirs, fmt):
+    names = {n for n, _ in build_model(cpu_vllm_config(tiny_dirs[fmt])).named_parameters()}
+    assert not any(".qkvb_proj." in n or ".fg_a_proj." in n for n in names)
+    assert all(f"model.layers.{L}.self_attn.{x}_proj.weight" in names for L in TINY.kda_layers for x in ("q", "k", "v", "b", "f_a", "g_a"))
+
+
 @pytest.mark.parametrize("tp,page", [(1, 4_390_912), (2, 2_195_456), (8, 548_864)])
 def test_real_config_state_gives_the_1072_token_block(tmp_path, tp, page):
     from vllm.config import ParallelConfig
@@ -214,6 +276,32 @@ def test_kda_layer_matches_the_math_prefill_decode_mixed(kda_bench):
     for kw in ({"beta_fn": torch.sigmoid}, {"gate_twice": True}):
         bad = plain_kda(kda_bench.W, xa, TINY, **kw)
         assert (outs[:5] - bad[:5]).abs().max().item() > max(10 * err, tol), kw
+
+
+def test_fused_kda_layer_matches_the_separate_one_and_the_math(kda_bench):
+    vcf = cpu_vllm_config(tiny_checkpoint("bf16"), scheduler_config=kda_bench.vc.scheduler_config, additional_config=FUSED)
+    torch.manual_seed(1)
+    sep, fus = _layer(kda_bench), kda_layer(vcf, kda_bench.W, "model.layers.1.self_attn")
+    assert fus.fused and not sep.fused and hasattr(fus, "qkvb_proj") and not hasattr(fus, "q_proj")
+    xa, xb = torch.randn(7, 256).to(torch.bfloat16), torch.randn(5, 256).to(torch.bfloat16)
+    steps = [(torch.cat([xa[:5], xb[:2]]), [5, 2], [1, 2], [False, False]),
+             (torch.cat([xa[5:6], xb[2:3]]), [1, 1], [1, 2], [True, True]),
+             (torch.cat([xa[6:7], xb[3:5]]), [1, 2], [1, 2], [True, True])]
+    got_s = torch.cat([run_layer(sep, x, gdn_metadata(*md), kda_bench.vc) for x, *md in steps])
+    got_f = torch.cat([run_layer(fus, x, gdn_metadata(*md), vcf) for x, *md in steps])
+    with torch.no_grad():                                                     # the fused GEMMs hold the separate ones
+        x = xa
+        q, k, v, b = fus.qkvb_proj(x)[0].split([512, 512, 512, 4], -1)
+        fa, ga = fus.fg_a_proj(x)[0].split([128, 128], -1)
+        for got, mod in ((q, sep.q_proj), (k, sep.k_proj), (v, sep.v_proj), (b, sep.b_proj), (fa, sep.f_a_proj), (ga, sep.g_a_proj)):
+            want = mod(x)[0]
+            assert (got.float() - want.float()).abs().max().item() <= 2 ** -7 * want.float().abs().max().item()   # bf16 rounding at most
+    ra, rb = plain_kda(kda_bench.W, xa, TINY), plain_kda(kda_bench.W, xb, TINY)
+    want = torch.cat([ra[:5], rb[:2], ra[5:6], rb[2:3], ra[6:7], rb[3:5]])
+    scale = want.abs().max().item()
+    d_sep, err = (got_f - got_s).abs().max().item(), (got_f - want).abs().max().item()
+    assert d_sep <= 1e-2 * scale, (d_sep, scale)
+    assert err < 2e-2 * scale, (err, scale)
 
 
 def test_kda_kernels_get_doubled_beta_and_the_raw_gate_once(kda_bench):

@@ -15,11 +15,12 @@ from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.distributed import divide, get_tensor_model_parallel_world_size
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.fla.ops.kda import FusedRMSNormGated
-from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear,
+                                               RowParallelLinear)
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.mamba.mamba_utils import (MambaStateCopyFuncCalculator, MambaStateDtypeCalculator,
                                                           MambaStateShapeCalculator, is_conv_state_dim_first)
-from vllm.model_executor.model_loader.weight_utils import sharded_weight_loader
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader, sharded_weight_loader
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
@@ -30,9 +31,10 @@ from . import KDA_OP_NAME
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
 # %% auto #0
-__all__ = ['kda_beta', 'KDAKernels', 'triton_kernels', 'kda_gate_torch', 'chunk_kda_with_fused_gate_torch',
-           'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch', 'causal_conv1d_update_torch', 'torch_kernels',
-           'default_kernels', 'kda_state_shape', 'kda_state_dtype', 'kda_state_copy_func', 'warmup_tokens',
+__all__ = ['FUSE_KDA_PROJ', 'KDA_FUSED', 'kda_beta', 'KDAKernels', 'triton_kernels', 'kda_gate_torch',
+           'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
+           'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'kda_state_shape', 'kda_state_dtype',
+           'kda_state_copy_func', 'warmup_tokens', 'fuse_kda_proj', 'kda_fused_target', 'load_kda_tensor',
            'SolarOpen2KDA']
 
 # %% ../../nbs/08d_vllm_kda.ipynb #0d32c8f0
@@ -202,6 +204,33 @@ def warmup_tokens(max_num_batched_tokens:int, cap:int=2048, chunk:int=64)->int:
     "Tokens of the profile-time warm-up: `min(max_num_batched_tokens, 2048)` rounded down to a multiple of 64 (≥ 64)."
     return max(chunk, min(int(max_num_batched_tokens), cap) // chunk * chunk)
 
+# %% ../../nbs/08d_vllm_kda.ipynb #f5e1a7c1
+FUSE_KDA_PROJ = "solar_open2_fuse_kda_proj"
+KDA_FUSED = {"q_proj": ("qkvb_proj", 0), "k_proj": ("qkvb_proj", 1), "v_proj": ("qkvb_proj", 2), "b_proj": ("qkvb_proj", 3),
+             "f_a_proj": ("fg_a_proj", 0), "g_a_proj": ("fg_a_proj", 1)}   # checkpoint module -> (fused module, shard id)
+
+def fuse_kda_proj(vllm_config)->bool:
+    "Whether `additional_config` opts into the fused KDA projections (`solar_open2_fuse_kda_proj`; default off)."
+    ac = getattr(vllm_config, "additional_config", None)
+    return bool(ac.get(FUSE_KDA_PROJ, False)) if isinstance(ac, dict) else False
+
+def kda_fused_target(name:str)->tuple:
+    "`(parameter name, shard id)` of a KDA checkpoint tensor in the fused layout; `(name, None)` if it is not a fused part."
+    parts = name.split(".")                                                   # exact module names: `f_b_proj` is not `b_proj`
+    if len(parts) < 2 or parts[-2] not in KDA_FUSED: return name, None
+    module, shard = KDA_FUSED[parts[-2]]
+    return ".".join(parts[:-2] + [module, parts[-1]]), shard
+
+def load_kda_tensor(params:dict, name:str, w:torch.Tensor, fused:bool)->str|None:
+    "Load one KDA checkpoint tensor into `params` (by name, or into its fused shard); the parameter's name, None if unknown."
+    target, shard = kda_fused_target(name) if fused else (name, None)
+    if target not in params: return None
+    p = params[target]
+    if shard is None: getattr(p, "weight_loader", default_weight_loader)(p, w)
+    else: p.weight_loader(p, w, shard)
+    return target
+
+
 # %% ../../nbs/08d_vllm_kda.ipynb #8a996fdb
 class SolarOpen2KDA(nn.Module, MambaBase):
     "Solar-Open2's KDA mixer on vLLM: projections in `forward`, conv and delta rule inside the custom op."
@@ -218,15 +247,23 @@ class SolarOpen2KDA(nn.Module, MambaBase):
         self.local_heads = divide(H, self.tp_size)
         self.allow_neg_eigval, self.full_proj = config.kda_allow_neg_eigval, config.kda_use_full_proj
         P, qc = H * D, vllm_config.quant_config
+        self.fused = fuse_kda_proj(vllm_config)                               # opt-in: qkvb_proj, fg_a_proj (see above)
         col = lambda n_in, n_out, name: ColumnParallelLinear(n_in, n_out, bias=False, quant_config=qc, prefix=f"{prefix}.{name}")
-        self.q_proj, self.k_proj, self.v_proj = (col(hidden, P, f"{x}_proj") for x in "qkv")
+        if self.fused:   # [q | k | v | b] rows, each block sharded over TP: [3·P/tp + H/tp, hidden] per rank
+            self.qkvb_proj = MergedColumnParallelLinear(hidden, [P, P, P, H], bias=False, quant_config=qc,
+                                                        prefix=f"{prefix}.qkvb_proj")
+        else: self.q_proj, self.k_proj, self.v_proj = (col(hidden, P, f"{x}_proj") for x in "qkv")
         if self.full_proj:
             self.f_proj, self.g_proj = col(hidden, P, "f_proj"), col(hidden, P, "g_proj")
+        elif self.fused:   # [f_a | g_a] rows, replicated: [2·D, hidden] on every rank
+            self.fg_a_proj = MergedColumnParallelLinear(hidden, [D, D], bias=False, quant_config=qc,
+                                                        prefix=f"{prefix}.fg_a_proj", disable_tp=True)
+            self.f_b_proj, self.g_b_proj = col(D, P, "f_b_proj"), col(D, P, "g_b_proj")
         else:
             rep = lambda name: ReplicatedLinear(hidden, D, bias=False, quant_config=qc, prefix=f"{prefix}.{name}")
             self.f_a_proj, self.f_b_proj = rep("f_a_proj"), col(D, P, "f_b_proj")
             self.g_a_proj, self.g_b_proj = rep("g_a_proj"), col(D, P, "g_b_proj")
-        self.b_proj = col(hidden, H, "b_proj")
+        if not self.fused: self.b_proj = col(hidden, H, "b_proj")
         for x in "qkv":   # depthwise conv weights, fp32, never quantized; [P/tp, K] -> [P/tp, 1, K] like the checkpoint
             conv = ColumnParallelLinear(K, P, bias=False, params_dtype=torch.float32, prefix=f"{prefix}.{x}_conv1d")
             conv.weight.data = conv.weight.data.unsqueeze(1)
@@ -262,16 +299,28 @@ def _out_gate(self:SolarOpen2KDA, x:torch.Tensor)->torch.Tensor:
     "The output gate's pre-activation `g2` [T, H·D/tp] (sigmoid applied by `o_norm`)."
     return self.g_proj(x)[0] if self.full_proj else self.g_b_proj(self.g_a_proj(x)[0])[0]
 
+def _fused_inputs(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
+    "The fused path's `q, k, v, g1, b, g2` from `qkvb_proj` and (low-rank gates) `fg_a_proj`, as the separate path makes them."
+    Pl, Hl, D = self.local_heads * self.head_dim, self.local_heads, self.head_dim
+    q, k, v, b = self.qkvb_proj(x)[0].split([Pl, Pl, Pl, Hl], -1)            # [T, 3·Pl+Hl] -> [T, Pl] x3, [T, Hl] (strided views)
+    if self.full_proj: return q, k, v, self.f_proj(x)[0], b, self.g_proj(x)[0]
+    fa, ga = self.fg_a_proj(x)[0].split([D, D], -1)                           # [T, 2·D] -> [T, D], [T, D]
+    return q, k, v, self.f_b_proj(fa)[0], b, self.g_b_proj(ga)[0]            # g1, g2: [T, Pl] each
+
 def _kda_forward(self:SolarOpen2KDA,
                  hidden_states:torch.Tensor, # [T, hidden], the normed layer input
                  output:torch.Tensor, # [T, hidden], written
                  positions:torch.Tensor|None=None, # unused (no positions in KDA)
                 )->None:
     T, Hl, D = hidden_states.shape[0], self.local_heads, self.head_dim
-    q, k, v = self.q_proj(hidden_states)[0], self.k_proj(hidden_states)[0], self.v_proj(hidden_states)[0]  # [T, Hl*D] each
-    g1 = _raw_gate(self, hidden_states)                                       # [T, Hl*D], raw
-    beta = kda_beta(self.b_proj(hidden_states)[0], self.allow_neg_eigval)     # [T, Hl] fp32
-    g2 = _out_gate(self, hidden_states).view(T, Hl, D)                        # [T, Hl, D]
+    if self.fused:
+        q, k, v, g1, b, g2 = _fused_inputs(self, hidden_states)              # [T, Hl*D] x3 (views), [T, Hl*D], [T, Hl], [T, Hl*D]
+        beta, g2 = kda_beta(b, self.allow_neg_eigval), g2.view(T, Hl, D)     # [T, Hl] fp32, [T, Hl, D]
+    else:
+        q, k, v = self.q_proj(hidden_states)[0], self.k_proj(hidden_states)[0], self.v_proj(hidden_states)[0]  # [T, Hl*D] each
+        g1 = _raw_gate(self, hidden_states)                                   # [T, Hl*D], raw
+        beta = kda_beta(self.b_proj(hidden_states)[0], self.allow_neg_eigval) # [T, Hl] fp32
+        g2 = _out_gate(self, hidden_states).view(T, Hl, D)                    # [T, Hl, D]
     core = torch.zeros(T, Hl, D, dtype=hidden_states.dtype, device=hidden_states.device)
     torch.ops.vllm.solar_open2_kda_attention(q, k, v, g1, beta, core, self.prefix)
     o = self.o_norm(core, g2).reshape(T, Hl * D)                              # RMSNorm(o)·w·sigmoid(g2): [T, Hl*D]

@@ -28,7 +28,8 @@ from vllm.sequence import IntermediateTensors
 
 from ..config import SolarOpen2Config, LINEAR
 from .config import refuse_speculative, solar_config_of
-from .kda import SolarOpen2KDA, kda_state_copy_func, kda_state_dtype, kda_state_shape
+from .kda import (SolarOpen2KDA, fuse_kda_proj, kda_fused_target, kda_state_copy_func, kda_state_dtype,
+                                  kda_state_shape, load_kda_tensor, KDA_FUSED)
 
 # %% auto #0
 __all__ = ['SolarOpen2Attention', 'SolarOpen2MLP', 'SolarOpen2MoE', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
@@ -149,7 +150,9 @@ class SolarOpen2Model(nn.Module):
 # %% ../../nbs/08e_vllm_model.ipynb #9e9d7267
 class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
     "Solar-Open2 for vLLM 0.25.1: hybrid KDA / gated-GQA decoder with a sigmoid-routed MoE in every layer."
-    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
+                              "qkvb_proj": ["q_proj", "k_proj", "v_proj", "b_proj"],   # opt-in fused KDA projections
+                              "fg_a_proj": ["f_a_proj", "g_a_proj"]}
     fall_back_to_pt_during_load = False
 
     def __init__(self, *, vllm_config:VllmConfig, prefix:str=""):
@@ -189,6 +192,7 @@ _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERT_RE = re.compile(r"\.mlp\.(experts\.\d+\.(?:gate|up|down)_proj\.)")
 _STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
             (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
+_KDA_SHARDS = {m: {s for mm, s in KDA_FUSED.values() if mm == m} for m, _ in KDA_FUSED.values()}   # {'qkvb_proj': {0..3}, 'fg_a_proj': {0, 1}}
 _OPTIONAL_PARAMS = re.compile(r"\.attn\.((q|k|v|prob)_scale|(q|k|v)_zero_point)$")
 
 class WeightLoadError(ValueError):
@@ -211,10 +215,10 @@ def _expert_table(model:nn.Module, cfg:SolarOpen2Config)->dict:
 
 def _load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.Tensor]])->set:
     "Load `(checkpoint name, tensor)` pairs; returns the parameter names loaded; raises `WeightLoadError` on a mismatch."
-    cfg = self.solar
+    cfg, fused = self.solar, fuse_kda_proj(self.vllm_config)
     params = dict(self.named_parameters())
     experts = _expert_table(self, cfg)
-    loaded, unknown = set(), []
+    loaded, unknown, parts = set(), [], {}                                  # parts: fused KDA parameter -> shard ids loaded
     for name, w in weights:
         m = _LAYER_RE.match(name)
         L = int(m.group(1)) if m else None
@@ -228,6 +232,11 @@ def _load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.
                 if p.weight_loader(p, w, t, shard_id=sid, expert_id=eid, return_success=True): loaded.add(t)
             continue
         is_kda = L is not None and cfg.layer_types[L] == LINEAR
+        if is_kda and fused and kda_fused_target(name)[1] is not None:      # 2'. opt-in fused KDA q/k/v/b, f_a/g_a
+            t = load_kda_tensor(params, name, w, fused=True)
+            if t is None: unknown.append(name)
+            else: parts.setdefault(t, set()).add(kda_fused_target(name)[1])
+            continue
         for pname, shard, shard_id in _STACKED:                               # 2./3. fused GQA qkv, shared gate_up
             if shard not in name or (is_kda and pname == ".qkv_proj"): continue
             target = name.replace(shard, pname)
@@ -241,6 +250,7 @@ def _load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.
             p = params[name]
             getattr(p, "weight_loader", default_weight_loader)(p, _fix_shape(name, w))
             loaded.add(name)
+    loaded |= {t for t, s in parts.items() if s == _KDA_SHARDS[t.split(".")[-2]]}   # filled only when every block is
     missing = sorted(n for n in params if n not in loaded and not _OPTIONAL_PARAMS.search(n))
     if unknown or missing:
         msg = []

@@ -131,15 +131,13 @@ def checkpoint_tensors(path)->dict:
 # %% ../../nbs/08c_vllm_testing.ipynb #d33ee394
 def kda_layer(vllm_config, weights:dict, prefix:str="model.layers.1.self_attn", kernels=None, slots:int=5):
     "A loaded, CPU-runnable `SolarOpen2KDA` with an empty state pool of `slots` slots."
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
     from solar_open2.vllm.config import solar_config_of
-    from solar_open2.vllm.kda import SolarOpen2KDA
+    from solar_open2.vllm.kda import SolarOpen2KDA, load_kda_tensor
     cfg = solar_config_of(vllm_config.model_config.hf_config)
     with cpu_vllm(vllm_config=vllm_config): layer = SolarOpen2KDA(cfg, vllm_config, prefix=prefix)
     params = dict(layer.named_parameters())
     for n, w in weights.items():
-        p = params[n]
-        getattr(p, "weight_loader", default_weight_loader)(p, w)
+        if load_kda_tensor(params, n, w, layer.fused) is None: raise KeyError(f"{n}: no such parameter in {prefix}")
     if kernels is not None: layer.kernels = kernels
     cpu_linears(layer)
     cs, rs = layer.get_state_shape()
@@ -197,7 +195,10 @@ def plain_kda(w:dict, x:torch.Tensor, cfg:SolarOpen2Config, beta_fn=None, gate_t
 # %% ../../nbs/08c_vllm_testing.ipynb #94e29a57
 def checkpoint_slices(cfg:SolarOpen2Config, names, params:dict)->dict:
     "`{checkpoint name: parameter slice}` for a TP-1 model of `cfg` (see above)."
+    from solar_open2.vllm.kda import KDA_FUSED, kda_fused_target
     q, kv, I = cfg.q_dim, cfg.kv_dim, cfg.moe_intermediate_size
+    P, H, D = cfg.kda_num_heads * cfg.kda_head_dim, cfg.kda_num_heads, cfg.kda_head_dim
+    blocks = {"qkvb_proj": [P, P, P, H], "fg_a_proj": [D, D]}                # row blocks of the fused KDA projections
     out = {}
     for name in names:
         parts = name.split(".")
@@ -211,6 +212,10 @@ def checkpoint_slices(cfg:SolarOpen2Config, names, params:dict)->dict:
         elif ".self_attn." in name and cfg.layer_types[L] == "full_attention" and parts[-2] in ("q_proj", "k_proj", "v_proj"):
             p = params[name.replace(parts[-2], "qkv_proj")]
             p = {"q_proj": p[:q], "k_proj": p[q:q + kv], "v_proj": p[q + kv:]}[parts[-2]]
+        elif ".self_attn." in name and cfg.layer_types[L] != "full_attention" and parts[-2] in KDA_FUSED and name not in params:
+            target, shard = kda_fused_target(name)
+            sizes = blocks[target.split(".")[-2]]
+            p = params[target].narrow(0, sum(sizes[:shard]), sizes[shard])
         elif ".shared_experts." in name and parts[-2] in ("gate_proj", "up_proj"):
             p = params[name.replace(parts[-2], "gate_up_proj")]
             p = p[:I] if parts[-2] == "gate_proj" else p[I:]
