@@ -384,8 +384,20 @@ def _iter_layers(self:CheckpointReader, layers=None, # layer indices (default: a
         for L in bar:
             yield L, self.layer_weights(L, prefix, experts)
 
+def _load_into(self:CheckpointReader, module:torch.nn.Module, # built with the checkpoint's names below `prefix` (e.g. on `meta`)
+               L:int, # layer index
+               prefix:str="", # module prefix inside the layer, e.g. "self_attn." or "mlp.experts.3."
+               experts:str="raw", # as in `layer_weights`
+              )->int: # bytes read
+    "Fill `module` with layer `L`'s tensors below `prefix`, adopting them (`assign=True`, no copy); a mismatch names the tensors."
+    w = self.layer_weights(L, prefix, experts)
+    try: module.load_state_dict(w, strict=True, assign=True)
+    except RuntimeError as e: raise ValueError(f"{self.path}: loading model.layers.{L}.{prefix}: {e}") from None
+    return sum(t.numel() * t.element_size() for t in w.values())
+
 CheckpointReader.layer_names = _layer_names
 CheckpointReader.layer_weights = _layer_weights
+CheckpointReader.load_into = _load_into
 CheckpointReader.global_weights = _global_weights
 CheckpointReader.iter_layers = _iter_layers
 

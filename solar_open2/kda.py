@@ -417,9 +417,7 @@ def kda_layer_report(reader, # a `CheckpointReader` (chapter `checkpoint`), e.g.
                     )->dict: # `kda_layer_stats` plus layer, token ids, bytes read
     "Load KDA layer `L` from `reader`, run it on a prompt's embedding rows through its `input_layernorm`, and measure it."
     with torch.device("meta"): layer = KDALayer(reader.config, L)   # checks the layer type; no init, the checkpoint fills it
-    w = reader.layer_weights(L, "self_attn.")
-    layer.load_state_dict(w, strict=True, assign=True)                               # adopts the tensors read
-    nbytes = sum(t.numel() * t.element_size() for t in w.values()); del w
+    nbytes = reader.load_into(layer, L, "self_attn.")                                # adopts the tensors read
     layer = layer.to(dtype).eval()
     x, ids = reader.prompt_input(L, prompt, "input_layernorm", dtype)                # [1, T, hidden]
     return {"layer": L, "ids": ids, "dtype": str(dtype).removeprefix("torch."), "nbytes": nbytes, **kda_layer_stats(layer, x)}

@@ -277,19 +277,12 @@ def moe_layer_report(reader, # a `CheckpointReader` (chapter `checkpoint`), e.g.
     block = [reader.tensors[n] for n in reader.layer_names(L) if n.startswith(base)]     # raises on a bad L
     fmt = detect_convention([t.name for t in block if t.name.startswith(base + "experts.")], cfg.quantization_config) or "bf16"
     with torch.device("meta"): moe = SolarMoE(cfg, expert_format=fmt)                    # no memory until loaded
-    nbytes = 0
-    def load(mod, prefix):                                                               # adopt the tensors read (no copy)
-        nonlocal nbytes
-        w = reader.layer_weights(L, "mlp." + prefix, experts="raw")
-        try: mod.load_state_dict(w, strict=True, assign=True)
-        except RuntimeError as e: raise ValueError(f"{reader.path}: loading {base}{prefix}: {e}") from None
-        nbytes += sum(t.numel() * t.element_size() for t in w.values())
-    load(moe.gate, "gate.")
-    if moe.shared_experts is not None: load(moe.shared_experts, "shared_experts.")
+    nbytes = reader.load_into(moe.gate, L, "mlp.gate.")                                 # adopt the tensors read (no copy)
+    if moe.shared_experts is not None: nbytes += reader.load_into(moe.shared_experts, L, "mlp.shared_experts.")
     moe.gate.to(dtype)
     x, ids = reader.prompt_input(L, prompt, "post_attention_layernorm", dtype)          # [1, T, hidden]
     picked = sorted(set(moe.gate(x[0])[0].flatten().tolist()))                          # the experts the router picks
-    for e in picked: load(moe.experts[e], f"experts.{e}.")                              # the others stay on `meta`
+    for e in picked: nbytes += reader.load_into(moe.experts[e], L, f"mlp.experts.{e}.")  # the others stay on `meta`
     moe = moe.to(dtype).eval()                                                           # NVFP4 buffers keep their dtypes
     return {"layer": L, "ids": ids, "dtype": str(dtype).removeprefix("torch."), "nbytes": nbytes,
             "nbytes_block": sum(t.nbytes for t in block), "experts_read": picked,

@@ -6,7 +6,7 @@ ignore-list resolution, the 1072-token hybrid block of the real config, and the 
 applied once, separate q/k/v). vLLM's CPU platform is forced before any vLLM module is imported (see
 `solar_open2.vllm.testing`). GPU numerics: `scripts/gpu_parity.py` and `tests/test_plugin_gpu.py`.
 """
-import ast, os, subprocess, sys
+import ast, os, re, subprocess, sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -133,6 +133,16 @@ def test_load_weights_refuses_unknown_missing_and_fused_kda(tiny_dirs):
     fused["model.layers.1.self_attn.qkv_proj.weight"] = torch.cat([ckpt[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"])
     with pytest.raises(WeightLoadError, match=r"model.layers.1.self_attn.qkv_proj.weight"):
         build_model(vc).load_weights(iter(fused.items()))
+
+
+@pytest.mark.parametrize("gone", ["model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight"])
+def test_load_weights_refuses_a_fused_parameter_missing_one_part(tiny_dirs, gone):
+    "GQA qkv_proj and shared gate_up_proj count as filled only when every part arrived (as the fused KDA ones do)."
+    from solar_open2.vllm.model import WeightLoadError
+    ckpt = checkpoint_tensors(tiny_dirs["bf16"])
+    fused = gone.replace("k_proj", "qkv_proj").replace("up_proj", "gate_up_proj")
+    with pytest.raises(WeightLoadError, match=r"1 parameter\(s\) the checkpoint did not fill.*" + re.escape(fused)):
+        build_model(cpu_vllm_config(tiny_dirs["bf16"])).load_weights((n, t) for n, t in ckpt.items() if n != gone)
 
 
 @pytest.mark.parametrize("fmt", ("compressed-tensors", "modelopt"))

@@ -29,7 +29,7 @@ from vllm.sequence import IntermediateTensors
 from ..config import SolarOpen2Config, LINEAR
 from .config import refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, fuse_kda_proj, kda_fused_target, kda_state_copy_func, kda_state_dtype,
-                                  kda_state_shape, load_kda_tensor, KDA_FUSED)
+                                  kda_state_shape, load_kda_tensor)
 
 # %% auto #0
 __all__ = ['SolarOpen2Attention', 'SolarOpen2MLP', 'SolarOpen2MoE', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
@@ -192,7 +192,6 @@ _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _EXPERT_RE = re.compile(r"\.mlp\.(experts\.\d+\.(?:gate|up|down)_proj\.)")
 _STACKED = ((".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v"),
             (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
-_KDA_SHARDS = {m: {s for mm, s in KDA_FUSED.values() if mm == m} for m, _ in KDA_FUSED.values()}   # {'qkvb_proj': {0..3}, 'fg_a_proj': {0, 1}}
 _OPTIONAL_PARAMS = re.compile(r"\.attn\.((q|k|v|prob)_scale|(q|k|v)_zero_point)$")
 
 class WeightLoadError(ValueError):
@@ -218,7 +217,7 @@ def _load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.
     cfg, fused = self.solar, fuse_kda_proj(self.vllm_config)
     params = dict(self.named_parameters())
     experts = _expert_table(self, cfg)
-    loaded, unknown, parts = set(), [], {}                                  # parts: fused KDA parameter -> shard ids loaded
+    loaded, unknown, parts = set(), [], {}                                  # parts: fused parameter -> shard ids loaded
     for name, w in weights:
         m = _LAYER_RE.match(name)
         L = int(m.group(1)) if m else None
@@ -243,14 +242,15 @@ def _load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.
             if target not in params: unknown.append(name); break
             p = params[target]
             p.weight_loader(p, w, shard_id)
-            loaded.add(target)
+            parts.setdefault(target, set()).add(shard_id)
             break
         else:                                                                 # 4. by name
             if name not in params: unknown.append(name); continue
             p = params[name]
             getattr(p, "weight_loader", default_weight_loader)(p, _fix_shape(name, w))
             loaded.add(name)
-    loaded |= {t for t, s in parts.items() if s == _KDA_SHARDS[t.split(".")[-2]]}   # filled only when every block is
+    packed = type(self).packed_modules_mapping                               # a fused parameter is filled only when every part is
+    loaded |= {t for t, s in parts.items() if len(s) == len(packed[t.split(".")[-2]])}
     missing = sorted(n for n in params if n not in loaded and not _OPTIONAL_PARAMS.search(n))
     if unknown or missing:
         msg = []
