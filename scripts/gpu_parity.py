@@ -193,6 +193,16 @@ def judge(case: str, dtype: str, cmps: list, a) -> list:
     return fails
 
 
+def judge_run(key: str, r: dict, a) -> list:
+    """Failure lines for one entry of `report["runs"]`: a case (`FORMAT:MODE:DTYPE`, its single and batched
+    comparisons) or an `...:eager_vs_graphs` record (identical tokens required)."""
+    if "single" in r:
+        dtype = key.split(":")[2]
+        return judge(key, dtype, r["single"], a) + judge(key + " (batched)", dtype, r["batched"], a)
+    same = r.get("same_tokens", [])
+    return [] if all(same) else [f"{key}: eager and CUDA graphs differ in tokens for prompts {[i for i, x in enumerate(same) if not x]}"]
+
+
 def rejudge(a) -> int:
     """Re-apply `judge` with the current thresholds to a saved report (its per-sequence comparisons are stored);
     the failures found at run time are kept as `failures_at_run` with the thresholds then in force."""
@@ -201,12 +211,7 @@ def rejudge(a) -> int:
                             "thresholds_at_run": {k: rep.get(k) for k in ("logprob_tol", "logprob_mean_tol", "noise_factor", "tie_nats")}}
     rep.update(logprob_tol=a.logprob_tol, logprob_mean_tol=a.logprob_mean_tol, noise_factor=a.noise_factor)
     fails = [f for f in rep.get("failures", []) if "vLLM run failed" in f or "not run" in f or "splitting ops" in f]
-    for case, r in rep["runs"].items():
-        if "single" in r:
-            dtype = case.split(":")[2]
-            fails += judge(case, dtype, r["single"], a) + judge(case + " (batched)", dtype, r["batched"], a)
-        elif "same_tokens" in r and not all(r["same_tokens"]):
-            fails.append(f"{case}: eager and CUDA graphs differ in tokens")
+    for key, r in rep["runs"].items(): fails += judge_run(key, r, a)
     rep["failures"], rep["passed"] = fails, not fails
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{a.name}.json").write_text(json.dumps(rep, indent=1) + "\n")
@@ -290,7 +295,7 @@ def main() -> int:
         rec.update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
                     "single": single, "batched": batched, "batched_equals_single": same_batched,
                     "tokens": [g["tokens"] for g in res["single"]]})
-        report["failures"] += judge(case, dtype, single, a) + judge(case + " (batched)", dtype, batched, a)
+        report["failures"] += judge_run(case, rec, a)
         if mode == "graphs" and not rec["kda_op_splits_graphs"]:
             report["failures"].append(f"{case}: the KDA op is not among the CUDA-graph splitting ops")
         report["runs"][case] = rec; done[case] = res
@@ -301,10 +306,10 @@ def main() -> int:
                 d = max(abs(u - v) for x, y in zip(e_["single"], g_["single"]) for u, v in zip(x["logprobs"], y["logprobs"]))
                 dk = [abs(p[j] - q[j]) for x, y in zip(e_["single"], g_["single"]) for p, q in zip(x["topk"], y["topk"])
                       for j in p if j in q]
-                report["runs"][f"{fmt}:{dtype}:eager_vs_graphs"] = {"same_tokens": same, "max_abs_dlogprob": d,
-                                                                    "topk_max_abs_dlogprob": max(dk), "topk_mean_abs_dlogprob": sum(dk) / len(dk)}
-                if not all(same): report["failures"].append(f"{fmt}:{dtype}: eager and CUDA graphs differ in tokens for prompts "
-                                                            f"{[i for i, x in enumerate(same) if not x]}")
+                key = f"{fmt}:{dtype}:eager_vs_graphs"
+                report["runs"][key] = {"same_tokens": same, "max_abs_dlogprob": d,
+                                       "topk_max_abs_dlogprob": max(dk), "topk_mean_abs_dlogprob": sum(dk) / len(dk)}
+                report["failures"] += judge_run(key, report["runs"][key], a)
         (Path(a.out) / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")   # partial results survive a kill
     report["wall_s"] = round(time.time() - t_start, 1)
     report["passed"] = not report["failures"]

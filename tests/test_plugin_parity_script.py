@@ -76,3 +76,11 @@ def test_topk_logprobs_and_judge():
     assert gp.judge("x", "bfloat16", [gp.compare(m, prompt, far, "cpu", 0.05, m16)], a)
     wrong = {**got, "tokens": toks[:1] + [int(lp[1].argmin())] + toks[2:]}
     assert any("tokens differ" in f for f in gp.judge("x", "bfloat16", [gp.compare(m, prompt, wrong, "cpu", 0.05, m16)], a))
+
+
+def test_eager_vs_graphs_token_difference_fails():
+    import argparse
+    a = argparse.Namespace(logprob_tol=0.1, logprob_mean_tol=0.05, noise_factor=2.0)
+    assert gp.judge_run("ct:bfloat16:eager_vs_graphs", {"same_tokens": [True, True]}, a) == []
+    assert gp.judge_run("ct:bfloat16:eager_vs_graphs", {"same_tokens": [True, False, True]}, a) == \
+        ["ct:bfloat16:eager_vs_graphs: eager and CUDA graphs differ in tokens for prompts [1]"]
