@@ -450,11 +450,12 @@ def tiny_weights(seed:int=0, cfg:SolarOpen2Config|None=None)->dict:
     "The BF16 checkpoint's tensors for the tiny config (routed experts not yet quantised), deterministic in `seed`."
     cfg = cfg or SolarOpen2Config.tiny()
     g = torch.Generator().manual_seed(seed)
-    w = {s.name: _init_tensor(s, g, cfg) for s in tensor_specs(cfg)}                  # fp32
+    specs = tensor_specs(cfg)
+    w = {s.name: _init_tensor(s, g, cfg) for s in specs}                              # fp32
     emb = w["model.embed_tokens.weight"].to(torch.bfloat16).float()                     # [V, H] as stored
     pi = torch.randperm(cfg.vocab_size, generator=g)                                   # [V] successor map, drawn last
     w["lm_head.weight"] += TINY_SUCCESSOR * emb[pi] / math.sqrt(cfg.hidden_size)       # [V, H]: row v favours token pi[v]
-    return {n: t.to(_DTYPE[s.dtype]) for (n, t), s in zip(w.items(), tensor_specs(cfg))}
+    return {s.name: w[s.name].to(_DTYPE[s.dtype]) for s in specs}
 
 # %% ../nbs/06_checkpoint.ipynb #ccc2b981
 # Solar's special tokens at Solar's ids (chapter `chat` owns the table), plus `<unk>` at 0
