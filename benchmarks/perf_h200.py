@@ -5,6 +5,8 @@
     python benchmarks/perf_h200.py --phase graphs [--profile]   # one engine, torch.compile + CUDA graphs
     python benchmarks/perf_h200.py --phase merge                # CPU only: eager + graphs JSON -> perf_h200.json
     python benchmarks/perf_h200.py --phase all [--profile]      # eager, graphs (child processes), merge
+    python benchmarks/perf_h200.py --phase ab --ab separate=--no-fuse-kda-proj --ab fused=--fuse-kda-proj \
+        --only decode,profile --profile                           # graphs-phase variants back to back, one job
     python benchmarks/perf_h200.py --config tiny --phase all    # dry run of the whole harness on one GPU (TP1)
     python benchmarks/perf_h200.py log --change TEXT --figure NAME --predicted X [--measured Y | --results FILE]
 
@@ -30,7 +32,12 @@ prediction, the NvFp4 MoE backend vLLM selected, the attention backend, hybrid b
 init / compile / graph-capture times. Peak memory per GPU from `nvidia-smi` sampled every 0.5 s.
 
 Outputs: `benchmarks/results/perf_h200_<phase>.json` and, when `$OUT` is set, `$OUT/perf_h200_<phase>.json` plus
-the engine log `$OUT/perf_h200_<phase>.log` (the tiny dry run writes `perf_h200_tiny_*`).
+the engine log `$OUT/perf_h200_<phase>.log` (the tiny dry run writes `perf_h200_tiny_*`; `--variant V` appends `_V`).
+
+A/B (`--phase ab`): each `--ab NAME=FLAGS` runs as its own graphs-phase child process (`--variant NAME` plus FLAGS
+plus every other flag given), one after the other in the same job, on the same machine, with the same settings;
+then `perf_h200_ab.json` holds each variant's figures and profile families and every figure's ratio to the first
+variant. `--only` limits the measurements (warm-up always runs) to save engine time.
 
 The plugin: the script calls `solar_open2.vllm.register()` itself, and, unless a `solar_open2` entry point is
 already installed, writes a throw-away `*.dist-info` holding the `vllm.general_plugins` entry point
@@ -86,10 +93,33 @@ def _ints(s:str)->list:
     if not v or any(x <= 0 for x in v): raise argparse.ArgumentTypeError(f"{s!r}: expected positive integers, comma-separated")
     return v
 
+KINDS = ("decode", "prefill", "batch", "profile")
+
+def _kinds(s:str)->tuple:
+    v = tuple(x.strip() for x in s.split(",") if x.strip())
+    bad = [x for x in v if x not in KINDS]
+    if not v or bad: raise argparse.ArgumentTypeError(f"{s!r}: expected a comma-separated subset of {','.join(KINDS)}")
+    return v
+
+def parse_ab(specs:list)->list:
+    "`['name=--flag1 --flag2', ...]` -> `[(name, ['--flag1', '--flag2']), ...]`; raises ValueError naming the bad spec."
+    import shlex
+    out = []
+    for spec in specs or []:
+        name, sep, flags = spec.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"--ab {spec!r}: expected NAME=FLAGS with NAME of letters, digits, _ . -")
+        fl = shlex.split(flags)
+        if any(f.split("=")[0] in ("--phase", "--variant", "--ab") for f in fl):
+            raise ValueError(f"--ab {spec!r}: --phase, --variant and --ab are set by the A/B driver")
+        out.append((name, fl))
+    if len({n for n, _ in out}) != len(out): raise ValueError(f"--ab: variant names must be distinct, got {[n for n, _ in out]}")
+    return out
+
 def build_parser()->argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="perf_h200.py", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phase", choices=PHASES + ("all", "merge"), default="all")
+    ap.add_argument("--phase", choices=PHASES + ("all", "merge", "ab"), default="all")
     ap.add_argument("--config", choices=tuple(PRESETS), default="real",
                     help="real: SolarOpen2Config.real() at TP2; tiny: the tiny preset at TP1 (a cheap dry run)")
     ap.add_argument("--tp", type=int, help="tensor-parallel size (default: 2 real, 1 tiny)")
@@ -109,8 +139,12 @@ def build_parser()->argparse.ArgumentParser:
                     help="graphs phase: vllm = vLLM's default torch.compile + FULL_AND_PIECEWISE graphs; "
                          "none = no torch.compile, FULL_DECODE_ONLY graphs (faster start)")
     ap.add_argument("--moe-backend", default="auto", help="vLLM --moe-backend (auto: let vLLM choose and record it)")
-    ap.add_argument("--fuse-kda-proj", action="store_true",
-                    help="opt into the plugin's fused KDA projections (additional_config solar_open2_fuse_kda_proj)")
+    ap.add_argument("--fuse-kda-proj", action=argparse.BooleanOptionalAction, default=None,
+                    help="set the plugin's fused KDA projections on or off (additional_config solar_open2_fuse_kda_proj); "
+                         "default: the plugin's default")
+    ap.add_argument("--variant", help="label of this run: result files are named perf_h200_<phase>_<variant>")
+    ap.add_argument("--only", type=_kinds, help=f"comma-separated measurements to run, of {','.join(KINDS)} (default: all)")
+    ap.add_argument("--ab", action="append", metavar="NAME=FLAGS", help="--phase ab: one variant (repeat; the first is the baseline)")
     ap.add_argument("--profile", action="store_true", help="torch-profile a few decode steps (summary only in the JSON)")
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--keep-trace", action="store_true", help="also copy rank 0's trace (.json.gz, if < 15 MiB) to $OUT")
@@ -144,6 +178,10 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
         if getattr(a, flag) < 1: raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
     if a.decode_tokens < 3: raise ValueError("--decode-tokens must be >= 3 (the decode rate needs two intervals)")
     if a.kv_bytes <= 0: raise ValueError(f"--kv-cache-memory-bytes must be positive, got {a.kv_cache_memory_bytes!r}")
+    if a.variant is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", a.variant):
+        raise ValueError(f"--variant {a.variant!r}: letters, digits, _ . - only (it names files)")
+    a.ab_variants = parse_ab(a.ab)
+    if a.phase == "ab" and len(a.ab_variants) < 2: raise ValueError("--phase ab needs at least two --ab NAME=FLAGS")
     pl = kv_prediction(a)
     if not pl["fits"]:
         raise ValueError(f"--kv-cache-memory-bytes {a.kv_cache_memory_bytes}: one {a.max_model_len:,}-token request "
@@ -158,6 +196,8 @@ def parse_args(argv:list|None=None)->argparse.Namespace:
     except ValueError as e: ap.error(str(e))
 
 def stem(config:str)->str: return "perf_h200" if config == "real" else f"perf_h200_{config}"
+
+def run_name(a, phase:str)->str: return f"{stem(a.config)}_{phase}" + (f"_{a.variant}" if getattr(a, "variant", None) else "")
 
 # --------------------------------------------------------------------------------------------------------------
 # the model directory and the plugin's registration in every process
@@ -235,7 +275,7 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
               enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
-    if a.fuse_kda_proj: kw["additional_config"] = {"solar_open2_fuse_kda_proj": True}
+    if a.fuse_kda_proj is not None: kw["additional_config"] = {"solar_open2_fuse_kda_proj": a.fuse_kda_proj}
     if phase == "eager": kw["enforce_eager"] = True
     else:
         cc = {"cudagraph_capture_sizes": sorted(a.capture_sizes)}
@@ -677,7 +717,8 @@ def settings(a, phase:str)->dict:
             "load_format": "dummy", "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
             "enforce_eager": phase == "eager", "compile": None if phase == "eager" else a.compile,
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
-            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj, "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
+            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj, "variant": a.variant, "only": a.only,
+            "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,
             "batch_prompt": a.batch_prompt, "batch_tokens": a.batch_tokens, "profile": a.profile,
             "profile_steps": a.profile_steps if a.profile else None, "deadline_s": a.deadline_s}
@@ -743,6 +784,9 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
     plan += [(f"prefill_ctx{c}", (20 + 10 * a.prefill_repeats) * (c / 32768 + 0.5), prefill, (c,)) for c in a.prefill_contexts]
     plan += [(f"decode_bs{b}", 45, batch, (b,)) for b in a.batch_sizes]
     plan += [("profile", 90, profile, ())] if a.profile else []
+    kind = lambda label: "profile" if label == "profile" else "decode" if label.startswith("decode_bs1_") else \
+        "prefill" if label.startswith("prefill") else "batch" if label.startswith("decode_bs") else "warmup"
+    if a.only: plan = [x for x in plan if kind(x[0]) in a.only + ("warmup",)]
     for label, need, fn, args in plan:
         need *= scale
         left = a.deadline_s - (time.perf_counter() - t0)
@@ -780,7 +824,7 @@ def run_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int)->dict:
     s["predicted_us_per_step"] = {k: round(v, 1) for k, v in pred.items()}
     s["vs_prediction"] = compare_profile(s, pred)
     if a.keep_trace and a.out and traces[0].stat().st_size < 15 * 2**20:
-        shutil.copy(traces[0], Path(a.out) / f"{stem(a.config)}_{a._phase}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
+        shutil.copy(traces[0], Path(a.out) / f"{run_name(a, a._phase)}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
     return s
 
 def run_phase(a, phase:str, argv:list)->int:
@@ -790,7 +834,7 @@ def run_phase(a, phase:str, argv:list)->int:
     import signal                                                    # a time limit's SIGTERM still shuts the engine down
     prev_sigterm = None
     with contextlib.suppress(ValueError): prev_sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    name = f"{stem(a.config)}_{phase}"
+    name = run_name(a, phase)
     res = new_result(a, phase, argv)
     paths = out_paths(a, name + ".json")
     save = lambda: write_json(res, paths)
@@ -954,6 +998,55 @@ def strip_flags(argv:list, flags:tuple)->list:
         out.append(x)
     return out
 
+def ab_summary(runs:dict)->dict:
+    "Figures and profile families of each A/B variant (first = baseline), with each figure's ratio to the baseline."
+    names = list(runs)
+    base = runs[names[0]] or {}
+    out = {"schema": SCHEMA, "benchmark": "perf_h200", "phase": "ab", "baseline": names[0], "variants": {}}
+    for n in names:
+        r = runs[n] or {}
+        figs = r.get("figures", {})
+        prof = r.get("profile") or {}
+        out["variants"][n] = {
+            "status": r.get("status"), "error": r.get("error"), "command": r.get("command"),
+            "settings": r.get("settings"), "init_s": (r.get("engine") or {}).get("init_s"),
+            "figures": {k: {"value_tok_s": f["value_tok_s"], "fraction_of_roofline": f["fraction_of_roofline"],
+                            "itl_median_ms": f.get("itl_median_ms"),
+                            "over_baseline": (f["value_tok_s"] / base["figures"][k]["value_tok_s"])
+                            if k in base.get("figures", {}) else None} for k, f in figs.items()},
+            "profile": {"step_us": prof.get("step_us"), "gpu_busy_fraction": prof.get("gpu_busy_fraction"),
+                        "kernels_per_step": (round(sum(x["kernels"] for x in prof.get("families", [])) / prof["steps"], 1)
+                                             if prof.get("steps") else None),
+                        "families_us_per_step": {x["family"]: x["us_per_step"] for x in prof.get("families", [])}}
+            if prof and not prof.get("error") else prof or None}
+    return out
+
+AB_RESERVE_S = 150     # kept for each later A/B variant: a warm engine start (compile, no autotune) plus its measurements
+
+def run_ab(a, argv:list)->int:
+    "Every `--ab` variant as a graphs-phase child process, one after the other; then `perf_h200_ab.json`."
+    t0, rc, runs = time.perf_counter(), 0, {}
+    rest = strip_flags(argv, ("--phase", "--deadline-s", "--ab", "--variant"))
+    for i, (name, flags) in enumerate(a.ab_variants):
+        left = a.deadline_s - (time.perf_counter() - t0)
+        share = max(left / (len(a.ab_variants) - i), left - AB_RESERVE_S * (len(a.ab_variants) - i - 1))   # the first pays the cold start
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", "graphs", "--variant", name,
+               "--deadline-s", f"{share:.0f}", *flags, *rest]
+        print(f"[perf_h200] ab: {' '.join(cmd)}", flush=True)
+        rc = max(rc, subprocess.run(cmd).returncode)
+        a.variant = name
+        p = Path(a.out or a.results_dir) / f"{run_name(a, 'graphs')}.json"
+        try: runs[name] = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError): runs[name] = {"status": "missing", "error": f"no result file {p}"}
+    a.variant = None
+    summary = ab_summary(runs)
+    summary["command"] = "python benchmarks/perf_h200.py " + " ".join(argv)
+    write_json(summary, out_paths(a, f"{stem(a.config)}_ab.json"))
+    for n, v in summary["variants"].items():
+        for k, f in v["figures"].items():
+            print(f"[perf_h200] ab {n:12s} {k:22s} {f['value_tok_s']:9.1f} tok/s  x{f['over_baseline'] or float('nan'):.3f}", flush=True)
+    return rc
+
 def run_all(a, argv:list)->int:
     "Both phases as child processes (each frees its GPUs on exit), then the merge."
     t0, rc = time.perf_counter(), 0
@@ -1019,6 +1112,7 @@ def main(argv:list|None=None)->int:
     a = parse_args(argv)
     if a.phase == "merge": return run_merge(a)
     if a.phase == "all": return run_all(a, argv)
+    if a.phase == "ab": return run_ab(a, argv)
     return run_phase(a, a.phase, argv)
 
 if __name__ == "__main__":

@@ -100,7 +100,9 @@ def test_engine_kwargs_are_valid_vllm_arguments(tmp_path):
 def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
     assert not a.fuse_kda_proj and "additional_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")
-    assert ph.settings(a, "graphs")["fuse_kda_proj"] is False
+    assert ph.settings(a, "graphs")["fuse_kda_proj"] is None                 # None: the plugin's own default
+    n = ph.parse_args(["--phase", "graphs", "--no-fuse-kda-proj"])
+    assert ph.engine_kwargs(n, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_fuse_kda_proj": False}
     f = ph.parse_args(["--phase", "graphs", "--fuse-kda-proj"])
     for phase in ("eager", "graphs"):
         assert ph.engine_kwargs(f, str(tmp_path), phase)["additional_config"] == {"solar_open2_fuse_kda_proj": True}
@@ -510,7 +512,7 @@ def isolated_env(monkeypatch):
     yield monkeypatch
     os.environ.clear(); os.environ.update(env); sys.path[:] = path
 
-def _fake_phase(tmp_path, isolated_env, extra=()):
+def _fake_phase(tmp_path, isolated_env, extra=(), name="perf_h200_graphs"):
     vllm = pytest.importorskip("vllm")
     isolated_env.setattr(vllm, "LLM", FakeLLM, raising=False)
     isolated_env.setattr(ph, "register_plugin", lambda: "fake.register")
@@ -518,7 +520,7 @@ def _fake_phase(tmp_path, isolated_env, extra=()):
             "--decode-tokens", "16", "--batch-tokens", "8", "--prefill-repeats", "1", "--profile", "--profile-steps", "5",
             "--results-dir", str(tmp_path / "res"), "--out", str(tmp_path / "out"), *extra]
     rc = ph.main(argv)
-    return rc, json.loads((tmp_path / "res" / "perf_h200_graphs.json").read_text())
+    return rc, json.loads((tmp_path / "res" / f"{name}.json").read_text())
 
 def test_a_whole_phase_against_a_fake_engine(tmp_path, isolated_env):
     rc, r = _fake_phase(tmp_path, isolated_env)
@@ -542,6 +544,49 @@ def test_a_whole_phase_against_a_fake_engine(tmp_path, isolated_env):
     f = r["figures"]["decode_bs1_ctx2048"]
     assert f["value_tok_s"] > 0 and math.isclose(f["fraction_of_roofline"], f["value_tok_s"] / f["roofline_tok_s"])
     assert r["memory"]["source"].startswith("nvidia-smi") and r["wall_s"] > 0
+
+def test_only_and_variant_limit_the_measurements_and_name_the_files(tmp_path, isolated_env):
+    rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "decode,profile", "--variant", "fused"], "perf_h200_graphs_fused")
+    assert rc == 0 and r["status"] == "complete" and sorted(r["figures"]) == ["decode_bs1_ctx2048"] and r["profile"]["steps"] == 5
+    assert [t["what"] for t in r["timeline"][1:]] == ["warmup", "decode_bs1_ctx2048", "profile"]
+    assert (r["settings"]["variant"], r["settings"]["only"]) == ("fused", ["decode", "profile"])
+    assert (tmp_path / "out" / "perf_h200_graphs_fused.log").exists()
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--phase", "ab", "--ab", "x=--fuse-kda-proj"], "at least two"),
+    (["--phase", "ab", "--ab", "x=", "--ab", "x=--fuse-kda-proj"], "distinct"),
+    (["--phase", "ab", "--ab", "a b=", "--ab", "c="], "NAME=FLAGS"),
+    (["--phase", "ab", "--ab", "a=--phase eager", "--ab", "c="], "set by the A/B driver"),
+    (["--variant", "a/b"], "--variant"),
+    (["--only", "decode,nap"], "subset"),
+])
+def test_ab_and_only_refuse_bad_input(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e: ph.parse_args(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeypatch):
+    calls = []
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        v = cmd[cmd.index("--variant") + 1]
+        rate = {"separate": 100.0, "fused": 125.0}[v]
+        r = {"status": "complete", "command": " ".join(cmd), "settings": {"variant": v}, "engine": {"init_s": 90.0},
+             "figures": {"decode_bs1_ctx2048": {"value_tok_s": rate, "fraction_of_roofline": rate / 479, "itl_median_ms": 1e3 / rate}},
+             "profile": {"steps": 8, "step_us": 1e6 / rate, "gpu_busy_fraction": 0.85,
+                         "families": [{"family": "dense_gemm", "us_per_step": 4000.0, "kernels": 8 * 800}]}}
+        ph.write_json(r, [tmp_path / f"perf_h200_graphs_{v}.json"])
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(ph.subprocess, "run", fake_run)
+    argv = ["--phase", "ab", "--ab", "separate=--no-fuse-kda-proj", "--ab", "fused=--fuse-kda-proj", "--only", "decode",
+            "--results-dir", str(tmp_path), "--out", str(tmp_path), "--deadline-s", "500"]
+    assert ph.main(argv) == 0
+    assert [c[c.index("--variant") + 1] for c in calls] == ["separate", "fused"]
+    assert "--no-fuse-kda-proj" in calls[0] and "--fuse-kda-proj" in calls[1] and "--ab" not in calls[0]
+    assert all(c[c.index("--phase") + 1] == "graphs" and "--only" in c for c in calls)
+    assert 340 <= float(calls[0][calls[0].index("--deadline-s") + 1]) <= 351     # the first keeps all but a warm start's reserve
+    s = json.loads((tmp_path / "perf_h200_ab.json").read_text())
+    assert s["baseline"] == "separate" and s["variants"]["fused"]["figures"]["decode_bs1_ctx2048"]["over_baseline"] == 1.25
+    assert s["variants"]["separate"]["profile"]["kernels_per_step"] == 800
 
 def test_a_phase_past_its_deadline_skips_and_says_so(tmp_path, isolated_env):
     rc, r = _fake_phase(tmp_path, isolated_env, ["--deadline-s", "1"])

@@ -84,3 +84,10 @@ def test_eager_vs_graphs_token_difference_fails():
     assert gp.judge_run("ct:bfloat16:eager_vs_graphs", {"same_tokens": [True, True]}, a) == []
     assert gp.judge_run("ct:bfloat16:eager_vs_graphs", {"same_tokens": [True, False, True]}, a) == \
         ["ct:bfloat16:eager_vs_graphs: eager and CUDA graphs differ in tokens for prompts [1]"]
+
+
+@pytest.mark.parametrize("value, needle", [("[1]", "expected a JSON object"), ("{bad", "not JSON")])
+def test_additional_config_must_be_a_json_object(value, needle):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_parity.py"), "--additional-config", value],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 2 and needle in r.stderr and "--additional-config" in r.stderr

@@ -31,7 +31,7 @@ from . import KDA_OP_NAME
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
 # %% auto #0
-__all__ = ['FUSE_KDA_PROJ', 'KDA_FUSED', 'kda_beta', 'KDAKernels', 'triton_kernels', 'kda_gate_torch',
+__all__ = ['FUSE_KDA_PROJ', 'KDA_FUSED', 'KDA_CONV', 'kda_beta', 'KDAKernels', 'triton_kernels', 'kda_gate_torch',
            'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
            'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'kda_state_shape', 'kda_state_dtype',
            'kda_state_copy_func', 'warmup_tokens', 'fuse_kda_proj', 'kda_fused_target', 'load_kda_tensor',
@@ -208,22 +208,25 @@ def warmup_tokens(max_num_batched_tokens:int, cap:int=2048, chunk:int=64)->int:
 FUSE_KDA_PROJ = "solar_open2_fuse_kda_proj"
 KDA_FUSED = {"q_proj": ("qkvb_proj", 0), "k_proj": ("qkvb_proj", 1), "v_proj": ("qkvb_proj", 2), "b_proj": ("qkvb_proj", 3),
              "f_a_proj": ("fg_a_proj", 0), "g_a_proj": ("fg_a_proj", 1)}   # checkpoint module -> (fused module, shard id)
+KDA_CONV = {"q_conv1d": ("qkv_conv1d", 0), "k_conv1d": ("qkv_conv1d", 1), "v_conv1d": ("qkv_conv1d", 2)}   # in both layouts
 
 def fuse_kda_proj(vllm_config)->bool:
     "Whether `additional_config` opts into the fused KDA projections (`solar_open2_fuse_kda_proj`; default off)."
     ac = getattr(vllm_config, "additional_config", None)
     return bool(ac.get(FUSE_KDA_PROJ, False)) if isinstance(ac, dict) else False
 
-def kda_fused_target(name:str)->tuple:
-    "`(parameter name, shard id)` of a KDA checkpoint tensor in the fused layout; `(name, None)` if it is not a fused part."
+def kda_fused_target(name:str, fused:bool=True)->tuple:
+    "`(parameter name, shard id)` of a KDA checkpoint tensor (conv weights always, projections if `fused`); `(name, None)` if not a part."
     parts = name.split(".")                                                   # exact module names: `f_b_proj` is not `b_proj`
-    if len(parts) < 2 or parts[-2] not in KDA_FUSED: return name, None
-    module, shard = KDA_FUSED[parts[-2]]
+    table = {**KDA_CONV, **KDA_FUSED} if fused else KDA_CONV
+    if len(parts) < 2 or parts[-2] not in table: return name, None
+    module, shard = table[parts[-2]]
     return ".".join(parts[:-2] + [module, parts[-1]]), shard
 
 def load_kda_tensor(params:dict, name:str, w:torch.Tensor, fused:bool)->str|None:
     "Load one KDA checkpoint tensor into `params` (by name, or into its fused shard); the parameter's name, None if unknown."
-    target, shard = kda_fused_target(name) if fused else (name, None)
+    target, shard = kda_fused_target(name, fused)
+    if target.endswith("qkv_conv1d.weight") and w.dim() == 2: w = w.unsqueeze(1)   # conv stored [P, K] -> [P, 1, K]
     if target not in params: return None
     p = params[target]
     if shard is None: getattr(p, "weight_loader", default_weight_loader)(p, w)
@@ -264,10 +267,10 @@ class SolarOpen2KDA(nn.Module, MambaBase):
             self.f_a_proj, self.f_b_proj = rep("f_a_proj"), col(D, P, "f_b_proj")
             self.g_a_proj, self.g_b_proj = rep("g_a_proj"), col(D, P, "g_b_proj")
         if not self.fused: self.b_proj = col(hidden, H, "b_proj")
-        for x in "qkv":   # depthwise conv weights, fp32, never quantized; [P/tp, K] -> [P/tp, 1, K] like the checkpoint
-            conv = ColumnParallelLinear(K, P, bias=False, params_dtype=torch.float32, prefix=f"{prefix}.{x}_conv1d")
-            conv.weight.data = conv.weight.data.unsqueeze(1)
-            setattr(self, f"{x}_conv1d", conv)
+        # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's
+        self.qkv_conv1d = MergedColumnParallelLinear(K, [P, P, P], bias=False, params_dtype=torch.float32,
+                                                     prefix=f"{prefix}.qkv_conv1d")
+        self.qkv_conv1d.weight.data = self.qkv_conv1d.weight.data.unsqueeze(1)
         self.A_log = nn.Parameter(torch.empty(1, 1, self.local_heads, 1, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(self.A_log, {"weight_loader": sharded_weight_loader(2)})
         self.dt_bias = nn.Parameter(torch.empty(divide(P, self.tp_size), dtype=torch.float32), requires_grad=False)
@@ -300,12 +303,12 @@ def _out_gate(self:SolarOpen2KDA, x:torch.Tensor)->torch.Tensor:
     return self.g_proj(x)[0] if self.full_proj else self.g_b_proj(self.g_a_proj(x)[0])[0]
 
 def _fused_inputs(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
-    "The fused path's `q, k, v, g1, b, g2` from `qkvb_proj` and (low-rank gates) `fg_a_proj`, as the separate path makes them."
+    "The fused path's `qkv, g1, b, g2` from `qkvb_proj` and (low-rank gates) `fg_a_proj`, as the separate path makes them."
     Pl, Hl, D = self.local_heads * self.head_dim, self.local_heads, self.head_dim
-    q, k, v, b = self.qkvb_proj(x)[0].split([Pl, Pl, Pl, Hl], -1)            # [T, 3·Pl+Hl] -> [T, Pl] x3, [T, Hl] (strided views)
-    if self.full_proj: return q, k, v, self.f_proj(x)[0], b, self.g_proj(x)[0]
+    qkv, b = self.qkvb_proj(x)[0].split([3 * Pl, Hl], -1)                    # [T, 3·Pl+Hl] -> [T, 3·Pl], [T, Hl] (strided views)
+    if self.full_proj: return qkv, self.f_proj(x)[0], b, self.g_proj(x)[0]
     fa, ga = self.fg_a_proj(x)[0].split([D, D], -1)                           # [T, 2·D] -> [T, D], [T, D]
-    return q, k, v, self.f_b_proj(fa)[0], b, self.g_b_proj(ga)[0]            # g1, g2: [T, Pl] each
+    return qkv, self.f_b_proj(fa)[0], b, self.g_b_proj(ga)[0]                # g1, g2: [T, Pl] each
 
 def _kda_forward(self:SolarOpen2KDA,
                  hidden_states:torch.Tensor, # [T, hidden], the normed layer input
@@ -314,59 +317,55 @@ def _kda_forward(self:SolarOpen2KDA,
                 )->None:
     T, Hl, D = hidden_states.shape[0], self.local_heads, self.head_dim
     if self.fused:
-        q, k, v, g1, b, g2 = _fused_inputs(self, hidden_states)              # [T, Hl*D] x3 (views), [T, Hl*D], [T, Hl], [T, Hl*D]
+        qkv, g1, b, g2 = _fused_inputs(self, hidden_states)                  # [T, 3*Hl*D] (view), [T, Hl*D], [T, Hl], [T, Hl*D]
         beta, g2 = kda_beta(b, self.allow_neg_eigval), g2.view(T, Hl, D)     # [T, Hl] fp32, [T, Hl, D]
     else:
-        q, k, v = self.q_proj(hidden_states)[0], self.k_proj(hidden_states)[0], self.v_proj(hidden_states)[0]  # [T, Hl*D] each
+        qkv = torch.cat([self.q_proj(hidden_states)[0], self.k_proj(hidden_states)[0], self.v_proj(hidden_states)[0]], -1)  # [T, 3*Hl*D]
         g1 = _raw_gate(self, hidden_states)                                   # [T, Hl*D], raw
         beta = kda_beta(self.b_proj(hidden_states)[0], self.allow_neg_eigval) # [T, Hl] fp32
         g2 = _out_gate(self, hidden_states).view(T, Hl, D)                    # [T, Hl, D]
     core = torch.zeros(T, Hl, D, dtype=hidden_states.dtype, device=hidden_states.device)
-    torch.ops.vllm.solar_open2_kda_attention(q, k, v, g1, beta, core, self.prefix)
+    torch.ops.vllm.solar_open2_kda_attention(qkv, g1, beta, core, self.prefix)
     o = self.o_norm(core, g2).reshape(T, Hl * D)                              # RMSNorm(o)·w·sigmoid(g2): [T, Hl*D]
     output[:] = self.o_proj(o)[0]
 
 SolarOpen2KDA.forward = _kda_forward
 
 # %% ../../nbs/08d_vllm_kda.ipynb #25bd117b
-def _kda_op(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor,
-            core_attn_out:torch.Tensor, layer_name:str)->None:
-    get_forward_context().no_compile_layers[layer_name]._forward(q, k, v, g1, beta, core_attn_out)
+def _kda_op(qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, core_attn_out:torch.Tensor, layer_name:str)->None:
+    get_forward_context().no_compile_layers[layer_name]._forward(qkv, g1, beta, core_attn_out)
 
-def _kda_op_fake(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor,
-                 core_attn_out:torch.Tensor, layer_name:str)->None: return
+def _kda_op_fake(qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, core_attn_out:torch.Tensor, layer_name:str)->None: return
 
 if not hasattr(torch.ops.vllm, KDA_OP_NAME):
     direct_register_custom_op(op_name=KDA_OP_NAME, op_func=_kda_op, mutates_args=["core_attn_out"], fake_impl=_kda_op_fake)
 
 # %% ../../nbs/08d_vllm_kda.ipynb #7e03aeb6
 def _forward(self:SolarOpen2KDA,
-             q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, # [T, Hl*D] each, pre-conv
+             qkv:torch.Tensor, # [T, 3*Hl*D] pre-conv q, k, v side by side (any row stride)
              g1:torch.Tensor, # [T, Hl*D] raw gate
              beta:torch.Tensor, # [T, Hl] fp32, already 2·sigmoid
              core_attn_out:torch.Tensor, # [T, Hl, D], written
             )->None:
     md_all = get_forward_context().attn_metadata
-    if md_all is None: return self._warmup(q)                                # profiling run: no state, no metadata
+    if md_all is None: return self._warmup(qkv)                              # profiling run: no state, no metadata
     md = md_all[self.prefix]
     if md.num_spec_decodes or md.spec_state_indices_tensor is not None: raise NotImplementedError(SPEC_DECODE_ERROR)
     n, Hl, D, kn = md.num_actual_tokens, self.local_heads, self.head_dim, self.kernels
     if n == 0: return
-    q, k, v, g1, beta = q[:n], k[:n], v[:n], g1[:n], beta[:n]
+    qkv, g1, beta = qkv[:n], g1[:n], beta[:n]
     conv_state, rec_state = self.kv_cache                                     # [slots, K-1, 3*Hl*D] (SD) or [slots, 3*Hl*D, K-1]; [slots, Hl, D, D] fp32
     if not is_conv_state_dim_first(): conv_state = conv_state.transpose(-1, -2)   # -> [slots, 3*Hl*D, K-1]
-    cs = conv_state.chunk(3, dim=-2)                                          # q, k, v parts: [slots, Hl*D, K-1] each
-    ws = [c.weight.view(c.weight.shape[0], c.weight.shape[2]) for c in (self.q_conv1d, self.k_conv1d, self.v_conv1d)]  # [Hl*D, K]
+    w = self.qkv_conv1d.weight.view(3 * Hl * D, self.conv_size)              # [3*Hl*D, 1, K] -> [3*Hl*D, K], rows [q; k; v]
     idx, qsl = md.non_spec_state_indices_tensor, md.non_spec_query_start_loc
     prefill = md.num_prefills > 0
-    if prefill:
-        conv = lambda x, w, st: kn.conv_prefill(x.transpose(0, 1), w, None, activation="silu", conv_states=st,
-                                                has_initial_state=md.has_initial_state, cache_indices=idx,
-                                                query_start_loc=qsl, metadata=md).transpose(0, 1)
-    else:
-        conv = lambda x, w, st: kn.conv_decode(x, st, w, None, activation="silu", conv_state_indices=idx[:n],
-                                               validate_data=True)
-    q, k, v = (conv(x, w, st).reshape(1, n, Hl, D) for x, w, st in zip((q, k, v), ws, cs))   # [1, n, Hl, D]
+    if prefill:                                                               # [3*Hl*D, n] channel-last in, [n, 3*Hl*D] out
+        qkv = kn.conv_prefill(qkv.transpose(0, 1), w, None, activation="silu", conv_states=conv_state,
+                              has_initial_state=md.has_initial_state, cache_indices=idx, query_start_loc=qsl,
+                              metadata=md).transpose(0, 1)
+    else:                                                                     # [n, 3*Hl*D], in place on the Triton path
+        qkv = kn.conv_decode(qkv, conv_state, w, None, activation="silu", conv_state_indices=idx[:n], validate_data=True)
+    q, k, v = (x.reshape(1, n, Hl, D) for x in qkv.split(Hl * D, -1))       # [n, 3*Hl*D] -> [1, n, Hl, D] x3
     beta = beta.reshape(1, n, Hl)                                             # [1, n, Hl] fp32
     if prefill:
         rec_state[idx[~md.has_initial_state]] = 0                            # new sequences start from S = 0

@@ -195,10 +195,10 @@ def plain_kda(w:dict, x:torch.Tensor, cfg:SolarOpen2Config, beta_fn=None, gate_t
 # %% ../../nbs/08c_vllm_testing.ipynb #94e29a57
 def checkpoint_slices(cfg:SolarOpen2Config, names, params:dict)->dict:
     "`{checkpoint name: parameter slice}` for a TP-1 model of `cfg` (see above)."
-    from solar_open2.vllm.kda import KDA_FUSED, kda_fused_target
+    from solar_open2.vllm.kda import kda_fused_target
     q, kv, I = cfg.q_dim, cfg.kv_dim, cfg.moe_intermediate_size
     P, H, D = cfg.kda_num_heads * cfg.kda_head_dim, cfg.kda_num_heads, cfg.kda_head_dim
-    blocks = {"qkvb_proj": [P, P, P, H], "fg_a_proj": [D, D]}                # row blocks of the fused KDA projections
+    blocks = {"qkvb_proj": [P, P, P, H], "fg_a_proj": [D, D], "qkv_conv1d": [P, P, P]}   # row blocks of the fused KDA parameters
     out = {}
     for name in names:
         parts = name.split(".")
@@ -212,7 +212,7 @@ def checkpoint_slices(cfg:SolarOpen2Config, names, params:dict)->dict:
         elif ".self_attn." in name and cfg.layer_types[L] == "full_attention" and parts[-2] in ("q_proj", "k_proj", "v_proj"):
             p = params[name.replace(parts[-2], "qkv_proj")]
             p = {"q_proj": p[:q], "k_proj": p[q:q + kv], "v_proj": p[q + kv:]}[parts[-2]]
-        elif ".self_attn." in name and cfg.layer_types[L] != "full_attention" and parts[-2] in KDA_FUSED and name not in params:
+        elif ".self_attn." in name and cfg.layer_types[L] != "full_attention" and kda_fused_target(name)[1] is not None and name not in params:
             target, shard = kda_fused_target(name)
             sizes = blocks[target.split(".")[-2]]
             p = params[target].narrow(0, sum(sizes[:shard]), sizes[shard])
