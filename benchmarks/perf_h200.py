@@ -7,6 +7,7 @@
     python benchmarks/perf_h200.py --phase all [--profile]      # eager, graphs (child processes), merge
     python benchmarks/perf_h200.py --phase ab --ab separate=--no-fuse-kda-proj --ab fused=--fuse-kda-proj \
         --only decode,profile --profile                           # graphs-phase variants back to back, one job
+    python benchmarks/perf_h200.py --phase ab-merge --ab separate= --ab fused=   # CPU: the A/B summary from their JSON
     python benchmarks/perf_h200.py --config tiny --phase all    # dry run of the whole harness on one GPU (TP1)
     python benchmarks/perf_h200.py log --change TEXT --figure NAME --predicted X [--measured Y | --results FILE]
 
@@ -119,7 +120,7 @@ def parse_ab(specs:list)->list:
 def build_parser()->argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="perf_h200.py", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--phase", choices=PHASES + ("all", "merge", "ab"), default="all")
+    ap.add_argument("--phase", choices=PHASES + ("all", "merge", "ab", "ab-merge"), default="all")
     ap.add_argument("--config", choices=tuple(PRESETS), default="real",
                     help="real: SolarOpen2Config.real() at TP2; tiny: the tiny preset at TP1 (a cheap dry run)")
     ap.add_argument("--tp", type=int, help="tensor-parallel size (default: 2 real, 1 tiny)")
@@ -166,9 +167,10 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
     budget.check_tp(cfg, a.tp)
     if a.max_model_len > cfg.max_position_embeddings:
         raise ValueError(f"--max-model-len {a.max_model_len:,} exceeds max_position_embeddings {cfg.max_position_embeddings:,}")
-    for flag, ctxs, extra in (("--decode-contexts", a.decode_contexts, a.decode_tokens),
-                              ("--prefill-contexts", a.prefill_contexts, 1),
-                              ("--batch-prompt", [a.batch_prompt], a.batch_tokens)):
+    for flag, ctxs, extra, kind in (("--decode-contexts", a.decode_contexts, a.decode_tokens, "decode"),
+                                    ("--prefill-contexts", a.prefill_contexts, 1, "prefill"),
+                                    ("--batch-prompt", [a.batch_prompt], a.batch_tokens, "batch")):
+        if a.only and kind not in a.only and not (kind == "decode" and "profile" in a.only): continue   # not measured
         for c in ctxs:
             if c + extra > a.max_model_len:
                 raise ValueError(f"{flag}: {c:,} prompt tokens + {extra} generated exceed --max-model-len {a.max_model_len:,}")
@@ -181,7 +183,7 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
     if a.variant is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", a.variant):
         raise ValueError(f"--variant {a.variant!r}: letters, digits, _ . - only (it names files)")
     a.ab_variants = parse_ab(a.ab)
-    if a.phase == "ab" and len(a.ab_variants) < 2: raise ValueError("--phase ab needs at least two --ab NAME=FLAGS")
+    if a.phase in ("ab", "ab-merge") and len(a.ab_variants) < 2: raise ValueError(f"--phase {a.phase} needs at least two --ab NAME=FLAGS")
     pl = kv_prediction(a)
     if not pl["fits"]:
         raise ValueError(f"--kv-cache-memory-bytes {a.kv_cache_memory_bytes}: one {a.max_model_len:,}-token request "
@@ -740,7 +742,7 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
     "Every measurement of one engine, in priority order, saving after each; skip what no longer fits the deadline."
     eng, vocab = llm.llm_engine, cfg.vocab_size
     seed = iter(range(10_000, 1_000_000))
-    scale = 1.0 if a.config == "real" else 0.3                       # the tiny model's steps are cheaper
+    scale = (1.0 if a.config == "real" else 0.3) * (1.0 if a._phase == "eager" else 0.3)   # needs: real eager; tiny, graphs cheaper
 
     def warmup():                      # one stream at the first decode context, one full batch: new kernel variants
         run_requests(eng, [token_prompt(a.decode_contexts[0], vocab, next(seed))], 16, "warm-1")
@@ -1021,7 +1023,7 @@ def ab_summary(runs:dict)->dict:
             if prof and not prof.get("error") else prof or None}
     return out
 
-AB_RESERVE_S = 150     # kept for each later A/B variant: a warm engine start (compile, no autotune) plus its measurements
+AB_RESERVE_S = 270     # kept for each later A/B variant: a warm engine start (measured 225-237 s on 2x H200) + measurements
 
 def run_ab(a, argv:list)->int:
     "Every `--ab` variant as a graphs-phase child process, one after the other; then `perf_h200_ab.json`."
@@ -1034,18 +1036,33 @@ def run_ab(a, argv:list)->int:
                "--deadline-s", f"{share:.0f}", *flags, *rest]
         print(f"[perf_h200] ab: {' '.join(cmd)}", flush=True)
         rc = max(rc, subprocess.run(cmd).returncode)
+    runs = read_ab_runs(a)
+    a.variant = None
+    return max(rc, write_ab(a, argv, runs))
+
+def read_ab_runs(a)->dict:
+    "The variants' graphs-phase JSON files from --out (preferred) or --results-dir."
+    runs = {}
+    for name, _ in a.ab_variants:
         a.variant = name
-        p = Path(a.out or a.results_dir) / f"{run_name(a, 'graphs')}.json"
+        ps = [Path(d) / f"{run_name(a, 'graphs')}.json" for d in (a.out, a.results_dir) if d]
+        p = next((p for p in ps if p.exists()), ps[-1])
         try: runs[name] = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError): runs[name] = {"status": "missing", "error": f"no result file {p}"}
     a.variant = None
+    return runs
+
+def write_ab(a, argv:list, runs:dict)->int:
+    "`perf_h200_ab.json` from the variants' results, and one line per figure."
     summary = ab_summary(runs)
     summary["command"] = "python benchmarks/perf_h200.py " + " ".join(argv)
+    summary["runs"] = {n: {"started_utc": r.get("started_utc"), "host": r.get("host"), "git_commit": r.get("git_commit"),
+                           "gpu": (r.get("gpu") or {}).get("name")} for n, r in runs.items()}
     write_json(summary, out_paths(a, f"{stem(a.config)}_ab.json"))
     for n, v in summary["variants"].items():
         for k, f in v["figures"].items():
             print(f"[perf_h200] ab {n:12s} {k:22s} {f['value_tok_s']:9.1f} tok/s  x{f['over_baseline'] or float('nan'):.3f}", flush=True)
-    return rc
+    return 0 if all(r.get("figures") for r in runs.values()) else 1
 
 def run_all(a, argv:list)->int:
     "Both phases as child processes (each frees its GPUs on exit), then the merge."
@@ -1113,6 +1130,7 @@ def main(argv:list|None=None)->int:
     if a.phase == "merge": return run_merge(a)
     if a.phase == "all": return run_all(a, argv)
     if a.phase == "ab": return run_ab(a, argv)
+    if a.phase == "ab-merge": return write_ab(a, argv, read_ab_runs(a))
     return run_phase(a, a.phase, argv)
 
 if __name__ == "__main__":

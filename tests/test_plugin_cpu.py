@@ -99,7 +99,7 @@ def test_model_builds_on_tiny_config(tiny_dirs):
     model = build_model(vc)
     names = {n for n, _ in model.named_parameters()}
     assert {int(n.split(".")[2]) for n in names if ".qkv_proj." in n} == {0, 4}
-    assert all(f"model.layers.{L}.self_attn.{x}_proj.weight" in names for L in TINY.kda_layers for x in "qkv")
+    assert all(f"model.layers.{L}.self_attn.{x}.weight" in names for L in TINY.kda_layers for x in ("qkvb_proj", "qkv_conv1d"))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -150,7 +150,8 @@ def test_ignore_list_keeps_fused_bf16_and_experts_nvfp4(tiny_dirs, fmt):
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     model = build_model(cpu_vllm_config(tiny_dirs[fmt]))
     mods = dict(model.named_modules())
-    for n in ("model.layers.0.self_attn.qkv_proj", "model.layers.4.self_attn.g_proj", "model.layers.1.self_attn.k_proj",
+    for n in ("model.layers.0.self_attn.qkv_proj", "model.layers.4.self_attn.g_proj", "model.layers.1.self_attn.qkvb_proj",
+              "model.layers.1.self_attn.fg_a_proj",
               "model.layers.1.self_attn.g_b_proj", "model.layers.1.mlp.shared_experts.gate_up_proj",
               "model.layers.1.mlp.shared_experts.down_proj", "model.layers.1.mlp.gate"):
         assert type(mods[n].quant_method) is UnquantizedLinearMethod, n
@@ -171,7 +172,7 @@ def test_without_packed_mapping_the_fused_qkv_would_be_nvfp4(tiny_dirs):
     assert ct.get_scheme_dict(layer, "model.layers.0.self_attn.qkv_proj") is not None
 
 
-# --- the opt-in fused KDA projections (`solar_open2_fuse_kda_proj`) --------------------------------------------
+# --- the fused KDA projections (`solar_open2_fuse_kda_proj`, the default; false = separate) --------------------
 
 FUSED = {"solar_open2_fuse_kda_proj": True}
 
@@ -201,10 +202,13 @@ def test_fused_kda_proj_builds_and_loads_every_tensor(tiny_dirs, fmt):
 
 
 @pytest.mark.parametrize("fmt", ("compressed-tensors", "modelopt"))
-def test_fused_kda_proj_stays_bf16_under_the_ignore_list(tiny_dirs, fmt):
+def test_kda_proj_stays_bf16_under_the_ignore_list_in_both_layouts(tiny_dirs, fmt):
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     mods = dict(build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config=FUSED)).named_modules())
+    sep = dict(build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config={"solar_open2_fuse_kda_proj": False})).named_modules())
     for L in TINY.kda_layers:
+        for m in ("q_proj", "b_proj", "f_a_proj", "g_a_proj"):
+            assert type(sep[f"model.layers.{L}.self_attn.{m}"].quant_method) is UnquantizedLinearMethod, (L, m)
         for m in ("qkvb_proj", "fg_a_proj", "f_b_proj", "o_proj"):
             assert type(mods[f"model.layers.{L}.self_attn.{m}"].quant_method) is UnquantizedLinearMethod, (L, m)
     assert "nvfp4" in type(mods["model.layers.1.mlp.experts.routed_experts"].quant_method).__name__.lower()
@@ -227,10 +231,32 @@ def test_fused_kda_proj_still_refuses_fused_qkv_unknown_and_missing(tiny_dirs):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_unfused_is_the_default(tiny_dirs, fmt):
+def test_fused_is_the_default_and_false_gives_the_separate_projections(tiny_dirs, fmt):
+    from solar_open2.vllm.model import _OPTIONAL_PARAMS
     names = {n for n, _ in build_model(cpu_vllm_config(tiny_dirs[fmt])).named_parameters()}
-    assert not any(".qkvb_proj." in n or ".fg_a_proj." in n for n in names)
-    assert all(f"model.layers.{L}.self_attn.{x}_proj.weight" in names for L in TINY.kda_layers for x in ("q", "k", "v", "b", "f_a", "g_a"))
+    assert all(f"model.layers.{L}.self_attn.{x}.weight" in names for L in TINY.kda_layers for x in ("qkvb_proj", "fg_a_proj"))
+    model = build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config={"solar_open2_fuse_kda_proj": False}))
+    params = dict(model.named_parameters())
+    assert not any(".qkvb_proj." in n or ".fg_a_proj." in n for n in params)
+    assert all(f"model.layers.{L}.self_attn.{x}_proj.weight" in params for L in TINY.kda_layers for x in ("q", "k", "v", "b", "f_a", "g_a"))
+    ckpt = checkpoint_tensors(tiny_dirs[fmt])
+    assert model.load_weights(iter(ckpt.items())) == {n for n in params if not _OPTIONAL_PARAMS.search(n)}
+    slices = checkpoint_slices(TINY, ckpt, params)
+    assert sorted(n for n, t in ckpt.items() if not same_values(slices[n], t)) == []
+
+
+@pytest.mark.parametrize("fused", (True, False))
+def test_the_stacked_conv_weight_needs_all_three_parts(tiny_dirs, fused):
+    from solar_open2.vllm.model import WeightLoadError
+    vc = cpu_vllm_config(tiny_dirs["bf16"], additional_config={"solar_open2_fuse_kda_proj": fused})
+    ckpt = checkpoint_tensors(tiny_dirs["bf16"])
+    with pytest.raises(WeightLoadError, match=r"model.layers.2.self_attn.qkv_conv1d.weight"):
+        build_model(vc).load_weights((n, t) for n, t in ckpt.items() if n != "model.layers.2.self_attn.k_conv1d.weight")
+    two_d = {n: (t[:, 0] if n.endswith("_conv1d.weight") else t) for n, t in ckpt.items()}   # conv stored [P, K]
+    m = build_model(vc); m.load_weights(iter(two_d.items()))
+    w = dict(m.named_parameters())["model.layers.1.self_attn.qkv_conv1d.weight"]
+    P = TINY.kda_num_heads * TINY.kda_head_dim
+    assert torch.equal(w[P:2 * P], ckpt["model.layers.1.self_attn.k_conv1d.weight"].to(w.dtype))
 
 
 @pytest.mark.parametrize("tp,page", [(1, 4_390_912), (2, 2_195_456), (8, 548_864)])
@@ -260,7 +286,8 @@ def kda_bench():
     from vllm.config import SchedulerConfig
     d = tiny_checkpoint("bf16")
     vc = cpu_vllm_config(d, scheduler_config=SchedulerConfig(max_model_len=TINY.max_position_embeddings, is_encoder_decoder=False,
-                                                             max_num_batched_tokens=130, max_num_seqs=3, enable_chunked_prefill=True))
+                                                             max_num_batched_tokens=130, max_num_seqs=3, enable_chunked_prefill=True),
+                         additional_config={"solar_open2_fuse_kda_proj": False})   # the separate layout; the fused one is compared to it
     ck = checkpoint_tensors(d)
     W = {k.removeprefix("model.layers.1.self_attn."): v for k, v in ck.items() if k.startswith("model.layers.1.self_attn.")}
     return SimpleNamespace(vc=vc, W=W, n=iter(range(10, 100)))

@@ -211,9 +211,9 @@ KDA_FUSED = {"q_proj": ("qkvb_proj", 0), "k_proj": ("qkvb_proj", 1), "v_proj": (
 KDA_CONV = {"q_conv1d": ("qkv_conv1d", 0), "k_conv1d": ("qkv_conv1d", 1), "v_conv1d": ("qkv_conv1d", 2)}   # in both layouts
 
 def fuse_kda_proj(vllm_config)->bool:
-    "Whether `additional_config` opts into the fused KDA projections (`solar_open2_fuse_kda_proj`; default off)."
+    "Whether the KDA projections are fused (`solar_open2_fuse_kda_proj` in `additional_config`; default on, `false` = separate)."
     ac = getattr(vllm_config, "additional_config", None)
-    return bool(ac.get(FUSE_KDA_PROJ, False)) if isinstance(ac, dict) else False
+    return bool(ac.get(FUSE_KDA_PROJ, True)) if isinstance(ac, dict) else True
 
 def kda_fused_target(name:str, fused:bool=True)->tuple:
     "`(parameter name, shard id)` of a KDA checkpoint tensor (conv weights always, projections if `fused`); `(name, None)` if not a part."
@@ -250,7 +250,7 @@ class SolarOpen2KDA(nn.Module, MambaBase):
         self.local_heads = divide(H, self.tp_size)
         self.allow_neg_eigval, self.full_proj = config.kda_allow_neg_eigval, config.kda_use_full_proj
         P, qc = H * D, vllm_config.quant_config
-        self.fused = fuse_kda_proj(vllm_config)                               # opt-in: qkvb_proj, fg_a_proj (see above)
+        self.fused = fuse_kda_proj(vllm_config)                               # default: qkvb_proj, fg_a_proj (see above)
         col = lambda n_in, n_out, name: ColumnParallelLinear(n_in, n_out, bias=False, quant_config=qc, prefix=f"{prefix}.{name}")
         if self.fused:   # [q | k | v | b] rows, each block sharded over TP: [3·P/tp + H/tp, hidden] per rank
             self.qkvb_proj = MergedColumnParallelLinear(hidden, [P, P, P, H], bias=False, quant_config=qc,

@@ -151,7 +151,7 @@ class SolarOpen2Model(nn.Module):
 class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
     "Solar-Open2 for vLLM 0.25.1: hybrid KDA / gated-GQA decoder with a sigmoid-routed MoE in every layer."
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
-                              "qkvb_proj": ["q_proj", "k_proj", "v_proj", "b_proj"],   # opt-in fused KDA projections
+                              "qkvb_proj": ["q_proj", "k_proj", "v_proj", "b_proj"],   # fused KDA projections (default)
                               "fg_a_proj": ["f_a_proj", "g_a_proj"],
                               "qkv_conv1d": ["q_conv1d", "k_conv1d", "v_conv1d"]}      # KDA conv weights, stacked
     fall_back_to_pt_during_load = False
@@ -232,7 +232,7 @@ def _load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.
                 if p.weight_loader(p, w, t, shard_id=sid, expert_id=eid, return_success=True): loaded.add(t)
             continue
         is_kda = L is not None and cfg.layer_types[L] == LINEAR
-        if is_kda and kda_fused_target(name, fused)[1] is not None:         # 2'. KDA conv q/k/v; opt-in fused q/k/v/b, f_a/g_a
+        if is_kda and kda_fused_target(name, fused)[1] is not None:         # 2'. KDA conv q/k/v; fused q/k/v/b, f_a/g_a
             t = load_kda_tensor(params, name, w, fused)
             if t is None: unknown.append(name)
             else: parts.setdefault(t, set()).add(kda_fused_target(name, fused)[1])
