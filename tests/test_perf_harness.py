@@ -556,6 +556,7 @@ def test_only_skips_the_checks_of_what_it_does_not_measure():
     a = ph.parse_args(["--phase", "graphs", "--only", "decode,profile", "--max-model-len", "16k", "--decode-contexts", "2048"])
     assert a.prefill_contexts == [8192, 32768]                                # 32K > 16K, but prefill is not measured
     with pytest.raises(SystemExit): ph.parse_args(["--phase", "graphs", "--only", "prefill", "--max-model-len", "16k", "--decode-contexts", "2048"])
+    with pytest.raises(SystemExit): ph.parse_args(["--phase", "graphs", "--only", "prefill", "--max-model-len", "16k", "--prefill-contexts", "8k"])   # warm-up: 32K decode
 
 @pytest.mark.parametrize("argv, needle", [
     (["--phase", "ab", "--ab", "x=--fuse-kda-proj"], "at least two"),
