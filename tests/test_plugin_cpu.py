@@ -398,3 +398,26 @@ def test_speculative_decoding_is_refused(tiny_dirs):
         SolarOpen2ConfigHook.verify_and_update_config(spec)
     with pytest.raises(NotImplementedError, match="speculative decoding is not supported"):
         SolarOpen2ForCausalLM(vllm_config=spec)
+
+
+@pytest.mark.parametrize("rank", (0, 1))
+def test_stacked_kda_parameters_shard_block_by_block_at_tp2(tiny_dirs, monkeypatch, rank):
+    """At tensor parallel 2, rank r's `qkv_conv1d` holds `[q_r; k_r; v_r]` (the conv state's order per rank) and
+    `qkvb_proj` `[q_r; k_r; v_r; b_r]`: each checkpoint block sharded on its own, not a slice of the stacked matrix."""
+    import vllm.model_executor.layers.linear as lin
+    import vllm.model_executor.model_loader.weight_utils as wu
+    from solar_open2.vllm import kda as K
+    for mod, fn, val in ((lin, "get_tensor_model_parallel_world_size", 2), (lin, "get_tensor_model_parallel_rank", rank),
+                         (K, "get_tensor_model_parallel_world_size", 2), (wu, "get_tensor_model_parallel_rank", rank)):
+        monkeypatch.setattr(mod, fn, lambda v=val: v)
+    ckpt = checkpoint_tensors(tiny_dirs["bf16"])
+    W = {k.removeprefix("model.layers.1.self_attn."): v for k, v in ckpt.items() if k.startswith("model.layers.1.self_attn.")}
+    layer = kda_layer(cpu_vllm_config(tiny_dirs["bf16"]), W, f"model.layers.{40 + rank}.self_attn")
+    P, H = TINY.kda_num_heads * TINY.kda_head_dim, TINY.kda_num_heads
+    half = lambda t, n: t[rank * n // 2:(rank + 1) * n // 2]
+    conv = torch.cat([half(W[f"{x}_conv1d.weight"], P) for x in "qkv"])
+    assert torch.equal(layer.qkv_conv1d.weight.data, conv.to(layer.qkv_conv1d.weight.dtype))
+    qkvb = torch.cat([half(W[f"{x}_proj.weight"], P) for x in "qkv"] + [half(W["b_proj.weight"], H)])
+    assert torch.equal(layer.qkvb_proj.weight.data, qkvb)
+    assert torch.equal(layer.fg_a_proj.weight.data, torch.cat([W["f_a_proj.weight"], W["g_a_proj.weight"]]))   # replicated
+    assert layer.get_state_shape()[0] == (3, 3 * P // 2)                        # the conv state: [q_r; k_r; v_r] channels
