@@ -2,6 +2,7 @@
 """Plot the H200 performance results against the budget chapter's rooflines.
 
     python benchmarks/plot_perf.py [--results-dir benchmarks/results] [--config real] [--out PNG]
+    python benchmarks/plot_perf.py --ab [--results-dir ...] [--out PNG]     # the A/B summary (perf_h200_ab.json)
 
 Reads `perf_h200_eager.json`, `perf_h200_graphs.json` (whichever exist) and draws four panels: single-stream decode
 per context, batch decode per batch size, prefill per context (each: eager, CUDA graphs, and the roofline; the
@@ -125,12 +126,68 @@ def plot(results:dict, out:Path|None=None, config:str="real"):
         fig.savefig(out, dpi=110)
     return fig
 
+def ab_rows(ab:dict)->list:
+    "Per A/B variant and figure: tok/s, roofline, ratio to the baseline, and profile families (µs per step) when profiled."
+    rows = []
+    for name, v in ab["variants"].items():
+        fams = ((v.get("profile") or {}).get("families_us_per_step") or {})
+        for key, f in (v.get("figures") or {}).items():
+            rows.append({"variant": name, "figure": key, "tok_s": f["value_tok_s"],
+                         "roofline": f["value_tok_s"] / f["fraction_of_roofline"], "over_baseline": f.get("over_baseline"),
+                         "itl_median_ms": f.get("itl_median_ms"), "families": fams})
+    return rows
+
+def plot_ab(ab:dict, out:Path|None=None):
+    "Two panels: each variant's figures against the roofline (ratio to the baseline on the bar); their profiles by family."
+    import matplotlib
+    if out is not None: matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = ab_rows(ab)
+    if not rows: raise ValueError("the A/B summary has no figures")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    labels = [f"{r['variant']}\n{r['figure'].replace('decode_bs1_ctx', 'bs1, ctx ')}" for r in rows]
+    bars = a1.bar(range(len(rows)), [r["tok_s"] for r in rows], color=COLORS["graphs"])
+    for b, r in zip(bars, rows):
+        a1.annotate(f"{r['tok_s']:.1f} tok/s\n{100 * r['tok_s'] / r['roofline']:.1f}% of roofline"
+                    + (f"\nx{r['over_baseline']:.3f}" if r["over_baseline"] else ""),
+                    (b.get_x() + b.get_width() / 2, r["tok_s"]), ha="center", va="bottom", fontsize=7)
+    a1.hlines([r["roofline"] for r in rows], [i - 0.4 for i in range(len(rows))], [i + 0.4 for i in range(len(rows))],
+              colors=COLORS["roofline"], linestyles="--", label="roofline")
+    a1.axhline(0.6 * max(r["roofline"] for r in rows), color="#c53030", lw=0.8, ls=":", label="60 % target")
+    a1.set_xticks(range(len(rows)), labels, fontsize=7); a1.set_ylabel("tok/s", fontsize=8); a1.tick_params(labelsize=7)
+    a1.set_ylim(0, 1.15 * max(r["roofline"] for r in rows)); a1.legend(fontsize=7, loc="upper right")
+    a1.set_title(f"A/B, CUDA graphs (baseline: {ab['baseline']})", fontsize=9)
+    prof = [(r["variant"], r["families"]) for r in rows if r["families"]]
+    bottom = [0.0] * len(prof)
+    for f in [f for f in ph.FAMILIES if any(f in fams for _, fams in prof)]:
+        vals = [(fams.get(f) or 0) / 1e3 for _, fams in prof]
+        a2.bar(range(len(prof)), vals, bottom=bottom, color=FAMILY_COLORS[f], label=f)
+        bottom = [x + v for x, v in zip(bottom, vals)]
+    a2.set_xticks(range(len(prof)), [n for n, _ in prof], fontsize=7); a2.tick_params(labelsize=7)
+    a2.set_ylabel("ms per profiled decode step (rank 0)", fontsize=8); a2.set_title("profiled variants, by kernel family", fontsize=9)
+    if prof: a2.legend(fontsize=6, ncol=2)
+    else: a2.text(0.5, 0.5, "no variant was profiled", transform=a2.transAxes, ha="center", fontsize=9, color="#c53030")
+    fig.tight_layout()
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    return fig
+
 def main(argv:list|None=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results-dir", type=Path, default=ph.RESULTS)
     ap.add_argument("--config", choices=tuple(ph.PRESETS), default="real")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--ab", action="store_true", help="plot perf_h200_ab.json (the A/B summary) instead")
     a = ap.parse_args(argv)
+    if a.ab:
+        import json
+        src = a.results_dir / f"{ph.stem(a.config)}_ab.json"
+        if not src.exists(): print(f"plot_perf.py: no {src}", file=sys.stderr); return 2
+        out = a.out or a.results_dir / f"{ph.stem(a.config)}_ab.png"
+        plot_ab(json.loads(src.read_text()), out)
+        print(f"wrote {out}")
+        return 0
     res = ph.load_results(a.results_dir, a.config)
     out = a.out or a.results_dir / f"{ph.stem(a.config)}.png"
     plot(res, out, a.config)

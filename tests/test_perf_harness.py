@@ -630,3 +630,19 @@ def test_vllm_loads_the_shimmed_plugin_in_a_fresh_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "marker").read_text() == "registered\n"          # once per process
+
+
+def test_ab_plot_and_rows(tmp_path):
+    pytest.importorskip("matplotlib")
+    fig = lambda r: {"decode_bs1_ctx2048": {"value_tok_s": r, "fraction_of_roofline": r / 479, "itl_median_ms": 1e3 / r,
+                                            "over_baseline": r / 100}}
+    ab = {"baseline": "a", "variants": {"a": {"figures": fig(100.0), "profile": {"families_us_per_step": {"dense_gemm": 4000.0, "moe": 2000.0}}},
+                                        "b": {"figures": fig(110.0), "profile": None}}}
+    rows = pp.ab_rows(ab)
+    assert [(r["variant"], round(r["roofline"]), r["over_baseline"]) for r in rows] == [("a", 479, 1.0), ("b", 479, 1.1)]
+    pp.plot_ab(ab, tmp_path / "ab.png")
+    assert (tmp_path / "ab.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="no figures"): pp.plot_ab({"baseline": "a", "variants": {"a": {"figures": {}}}})
+    (tmp_path / "perf_h200_ab.json").write_text(json.dumps(ab))
+    assert pp.main(["--ab", "--results-dir", str(tmp_path)]) == 0 and (tmp_path / "perf_h200_ab.png").exists()
+    assert pp.main(["--ab", "--results-dir", str(tmp_path / "nowhere")]) == 2
