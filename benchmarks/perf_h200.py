@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
 
 from solar_open2 import budget                       # noqa: E402  (CPU-only imports; vllm is imported lazily)
 from solar_open2.config import SolarOpen2Config      # noqa: E402
+from solar_open2.vllm import FUSE_KDA_PROJ           # noqa: E402  (the plugin's constants; no vllm import)
 
 SCHEMA = 1
 PHASES = ("eager", "graphs")
@@ -199,7 +200,7 @@ def parse_args(argv:list|None=None)->argparse.Namespace:
 
 def stem(config:str)->str: return "perf_h200" if config == "real" else f"perf_h200_{config}"
 
-def run_name(a, phase:str)->str: return f"{stem(a.config)}_{phase}" + (f"_{a.variant}" if getattr(a, "variant", None) else "")
+def run_name(config:str, phase:str, variant:str|None=None)->str: return f"{stem(config)}_{phase}" + (f"_{variant}" if variant else "")
 
 # --------------------------------------------------------------------------------------------------------------
 # the model directory and the plugin's registration in every process
@@ -277,7 +278,7 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
               enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
-    if a.fuse_kda_proj is not None: kw["additional_config"] = {"solar_open2_fuse_kda_proj": a.fuse_kda_proj}
+    if a.fuse_kda_proj is not None: kw["additional_config"] = {FUSE_KDA_PROJ: a.fuse_kda_proj}
     if phase == "eager": kw["enforce_eager"] = True
     else:
         cc = {"cudagraph_capture_sizes": sorted(a.capture_sizes)}
@@ -826,7 +827,7 @@ def run_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int)->dict:
     s["predicted_us_per_step"] = {k: round(v, 1) for k, v in pred.items()}
     s["vs_prediction"] = compare_profile(s, pred)
     if a.keep_trace and a.out and traces[0].stat().st_size < 15 * 2**20:
-        shutil.copy(traces[0], Path(a.out) / f"{run_name(a, a._phase)}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
+        shutil.copy(traces[0], Path(a.out) / f"{run_name(a.config, a._phase, a.variant)}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
     return s
 
 def run_phase(a, phase:str, argv:list)->int:
@@ -836,7 +837,7 @@ def run_phase(a, phase:str, argv:list)->int:
     import signal                                                    # a time limit's SIGTERM still shuts the engine down
     prev_sigterm = None
     with contextlib.suppress(ValueError): prev_sigterm = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    name = run_name(a, phase)
+    name = run_name(a.config, phase, a.variant)
     res = new_result(a, phase, argv)
     paths = out_paths(a, name + ".json")
     save = lambda: write_json(res, paths)
@@ -1027,7 +1028,7 @@ AB_RESERVE_S = 270     # kept for each later A/B variant: a warm engine start (m
 
 def run_ab(a, argv:list)->int:
     "Every `--ab` variant as a graphs-phase child process, one after the other; then `perf_h200_ab.json`."
-    t0, rc, runs = time.perf_counter(), 0, {}
+    t0, rc = time.perf_counter(), 0
     rest = strip_flags(argv, ("--phase", "--deadline-s", "--ab", "--variant"))
     for i, (name, flags) in enumerate(a.ab_variants):
         left = a.deadline_s - (time.perf_counter() - t0)
@@ -1036,20 +1037,16 @@ def run_ab(a, argv:list)->int:
                "--deadline-s", f"{share:.0f}", *flags, *rest]
         print(f"[perf_h200] ab: {' '.join(cmd)}", flush=True)
         rc = max(rc, subprocess.run(cmd).returncode)
-    runs = read_ab_runs(a)
-    a.variant = None
-    return max(rc, write_ab(a, argv, runs))
+    return max(rc, write_ab(a, argv, read_ab_runs(a)))
 
 def read_ab_runs(a)->dict:
     "The variants' graphs-phase JSON files from --out (preferred) or --results-dir."
     runs = {}
     for name, _ in a.ab_variants:
-        a.variant = name
-        ps = [Path(d) / f"{run_name(a, 'graphs')}.json" for d in (a.out, a.results_dir) if d]
+        ps = [Path(d) / f"{run_name(a.config, 'graphs', name)}.json" for d in (a.out, a.results_dir) if d]
         p = next((p for p in ps if p.exists()), ps[-1])
         try: runs[name] = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError): runs[name] = {"status": "missing", "error": f"no result file {p}"}
-    a.variant = None
     return runs
 
 def write_ab(a, argv:list, runs:dict)->int:

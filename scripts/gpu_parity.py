@@ -159,7 +159,7 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 
 def child_main(a) -> int:
-    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, json.loads(a.additional_config or "{}"))
+    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -239,10 +239,11 @@ def main() -> int:
     ap.add_argument("--additional-config", help="JSON object passed to vLLM as additional_config in every run, "
                     "e.g. '{\"solar_open2_fuse_kda_proj\": true}'")
     a = ap.parse_args()
+    a.ac = {}                                                            # --additional-config, parsed once
     if a.additional_config is not None:
-        try: ac = json.loads(a.additional_config)
+        try: a.ac = json.loads(a.additional_config)
         except json.JSONDecodeError as e: ap.error(f"--additional-config: not JSON ({e})")
-        if not isinstance(ac, dict): ap.error(f"--additional-config: expected a JSON object, got {a.additional_config!r}")
+        if not isinstance(a.ac, dict): ap.error(f"--additional-config: expected a JSON object, got {a.additional_config!r}")
     if a.child_model: return child_main(a)
     if a.rejudge: return rejudge(a)
     cases = []
@@ -264,7 +265,7 @@ def main() -> int:
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     import vllm
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "gpu": torch.cuda.get_device_name(0),
-              "additional_config": json.loads(a.additional_config or "{}"),
+              "additional_config": a.ac,
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
               "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats, "runs": {}, "failures": []}

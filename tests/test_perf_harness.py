@@ -600,6 +600,13 @@ def test_a_phase_past_its_deadline_skips_and_says_so(tmp_path, isolated_env):
     assert [s["what"] for s in r["skipped"]] == ["warmup", "decode_bs1_ctx2048", "prefill_ctx8192", "decode_bs8", "profile"]
     assert r["kv_pool"]["comparison"]["match"] is True                # the engine facts are there all the same
 
+def test_measurement_needs_are_sized_per_phase(tmp_path, isolated_env):
+    "Each measurement's time need is eager-sized (a 6 tok/s engine); with CUDA graphs it is 0.3x, so a 40 s deadline holds all."
+    rc, g = _fake_phase(tmp_path, isolated_env, ["--deadline-s", "40"])
+    assert rc == 0 and g["status"] == "complete" and g["skipped"] == []
+    rc, e = _fake_phase(tmp_path, isolated_env, ["--deadline-s", "40", "--phase", "eager"], "perf_h200_eager")
+    assert rc == 0 and [x["what"] for x in e["skipped"]][:1] == ["warmup"]
+
 def test_a_failing_engine_is_reported(tmp_path, isolated_env):
     vllm = pytest.importorskip("vllm")
     def boom(**kw): raise RuntimeError("no NvFp4 MoE backend")

@@ -174,7 +174,7 @@ def test_without_packed_mapping_the_fused_qkv_would_be_nvfp4(tiny_dirs):
 
 # --- the fused KDA projections (`solar_open2_fuse_kda_proj`, the default; false = separate) --------------------
 
-FUSED = {"solar_open2_fuse_kda_proj": True}
+FUSED, SEPARATE = {"solar_open2_fuse_kda_proj": True}, {"solar_open2_fuse_kda_proj": False}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -205,7 +205,7 @@ def test_fused_kda_proj_builds_and_loads_every_tensor(tiny_dirs, fmt):
 def test_kda_proj_stays_bf16_under_the_ignore_list_in_both_layouts(tiny_dirs, fmt):
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     mods = dict(build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config=FUSED)).named_modules())
-    sep = dict(build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config={"solar_open2_fuse_kda_proj": False})).named_modules())
+    sep = dict(build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config=SEPARATE)).named_modules())
     for L in TINY.kda_layers:
         for m in ("q_proj", "b_proj", "f_a_proj", "g_a_proj"):
             assert type(sep[f"model.layers.{L}.self_attn.{m}"].quant_method) is UnquantizedLinearMethod, (L, m)
@@ -235,7 +235,7 @@ def test_fused_is_the_default_and_false_gives_the_separate_projections(tiny_dirs
     from solar_open2.vllm.model import _OPTIONAL_PARAMS
     names = {n for n, _ in build_model(cpu_vllm_config(tiny_dirs[fmt])).named_parameters()}
     assert all(f"model.layers.{L}.self_attn.{x}.weight" in names for L in TINY.kda_layers for x in ("qkvb_proj", "fg_a_proj"))
-    model = build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config={"solar_open2_fuse_kda_proj": False}))
+    model = build_model(cpu_vllm_config(tiny_dirs[fmt], additional_config=SEPARATE))
     params = dict(model.named_parameters())
     assert not any(".qkvb_proj." in n or ".fg_a_proj." in n for n in params)
     assert all(f"model.layers.{L}.self_attn.{x}_proj.weight" in params for L in TINY.kda_layers for x in ("q", "k", "v", "b", "f_a", "g_a"))
@@ -287,7 +287,7 @@ def kda_bench():
     d = tiny_checkpoint("bf16")
     vc = cpu_vllm_config(d, scheduler_config=SchedulerConfig(max_model_len=TINY.max_position_embeddings, is_encoder_decoder=False,
                                                              max_num_batched_tokens=130, max_num_seqs=3, enable_chunked_prefill=True),
-                         additional_config={"solar_open2_fuse_kda_proj": False})   # the separate layout; the fused one is compared to it
+                         additional_config=SEPARATE)   # the separate layout; the fused one is compared to it
     ck = checkpoint_tensors(d)
     W = {k.removeprefix("model.layers.1.self_attn."): v for k, v in ck.items() if k.startswith("model.layers.1.self_attn.")}
     return SimpleNamespace(vc=vc, W=W, n=iter(range(10, 100)))

@@ -27,11 +27,11 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..config import SolarOpen2Config
-from . import KDA_OP_NAME
+from . import FUSE_KDA_PROJ, KDA_OP_NAME
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
 # %% auto #0
-__all__ = ['FUSE_KDA_PROJ', 'KDA_FUSED', 'KDA_CONV', 'kda_beta', 'KDAKernels', 'triton_kernels', 'kda_gate_torch',
+__all__ = ['KDA_FUSED', 'KDA_CONV', 'kda_beta', 'KDAKernels', 'triton_kernels', 'kda_gate_torch',
            'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
            'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'kda_state_shape', 'kda_state_dtype',
            'kda_state_copy_func', 'warmup_tokens', 'fuse_kda_proj', 'kda_fused_target', 'load_kda_tensor',
@@ -205,7 +205,6 @@ def warmup_tokens(max_num_batched_tokens:int, cap:int=2048, chunk:int=64)->int:
     return max(chunk, min(int(max_num_batched_tokens), cap) // chunk * chunk)
 
 # %% ../../nbs/08d_vllm_kda.ipynb #f5e1a7c1
-FUSE_KDA_PROJ = "solar_open2_fuse_kda_proj"
 KDA_FUSED = {"q_proj": ("qkvb_proj", 0), "k_proj": ("qkvb_proj", 1), "v_proj": ("qkvb_proj", 2), "b_proj": ("qkvb_proj", 3),
              "f_a_proj": ("fg_a_proj", 0), "g_a_proj": ("fg_a_proj", 1)}   # checkpoint module -> (fused module, shard id)
 KDA_CONV = {"q_conv1d": ("qkv_conv1d", 0), "k_conv1d": ("qkv_conv1d", 1), "v_conv1d": ("qkv_conv1d", 2)}   # in both layouts

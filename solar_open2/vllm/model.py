@@ -199,8 +199,7 @@ class WeightLoadError(ValueError):
     "A checkpoint that does not fit the model: unknown tensors or unfilled parameters (all named)."
 
 def _fix_shape(name:str, w:torch.Tensor)->torch.Tensor:
-    "Normalise the two known storage variants: conv1d `[P, K]` -> `[P, 1, K]`, `A_log` `[H]` -> `[1, 1, H, 1]`."
-    if name.endswith("_conv1d.weight") and w.dim() == 2: return w.unsqueeze(1)
+    "Normalise `A_log` stored `[H]` -> `[1, 1, H, 1]` (the conv weights' `[P, K]` variant: `load_kda_tensor`)."
     if name.endswith(".A_log") and w.dim() == 1: return w.view(1, 1, -1, 1)
     return w
 
@@ -232,10 +231,11 @@ def _load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.
                 if p.weight_loader(p, w, t, shard_id=sid, expert_id=eid, return_success=True): loaded.add(t)
             continue
         is_kda = L is not None and cfg.layer_types[L] == LINEAR
-        if is_kda and kda_fused_target(name, fused)[1] is not None:         # 2'. KDA conv q/k/v; fused q/k/v/b, f_a/g_a
+        kda_shard = kda_fused_target(name, fused)[1] if is_kda else None
+        if kda_shard is not None:                                               # 2'. KDA conv q/k/v; fused q/k/v/b, f_a/g_a
             t = load_kda_tensor(params, name, w, fused)
             if t is None: unknown.append(name)
-            else: parts.setdefault(t, set()).add(kda_fused_target(name, fused)[1])
+            else: parts.setdefault(t, set()).add(kda_shard)
             continue
         for pname, shard, shard_id in _STACKED:                               # 2./3. fused GQA qkv, shared gate_up
             if shard not in name or (is_kda and pname == ".qkv_proj"): continue
