@@ -144,6 +144,9 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--fuse-kda-proj", action=argparse.BooleanOptionalAction, default=None,
                     help="set the plugin's fused KDA projections on or off (additional_config solar_open2_fuse_kda_proj); "
                          "default: the plugin's default")
+    ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
+                    help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
+                         "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")
     ap.add_argument("--variant", help="label of this run: result files are named perf_h200_<phase>_<variant>")
     ap.add_argument("--only", type=_kinds, help=f"comma-separated measurements to run, of {','.join(KINDS)} (default: all)")
     ap.add_argument("--ab", action="append", metavar="NAME=FLAGS", help="--phase ab: one variant (repeat; the first is the baseline)")
@@ -283,6 +286,7 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
     else:
         cc = {"cudagraph_capture_sizes": sorted(a.capture_sizes)}
         if a.compile == "none": cc.update(mode=0, cudagraph_mode="FULL_DECODE_ONLY")
+        if a.allreduce_fusion is not None: cc["pass_config"] = {"fuse_allreduce_rms": a.allreduce_fusion}
         kw["compilation_config"] = cc
     if profile_dir:
         kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=str(profile_dir),
@@ -443,6 +447,9 @@ _PATTERNS = {
     "allreduce_backends": re.compile(r"Using \[(.*?)\] all-reduce backends \(in dispatch order\) for group '([^']*)'"),
     "nccl_version": re.compile(r"vLLM is using nccl==(\S+)"),
     "engine_config": re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)"),
+    "allreduce_fusion_off": re.compile(r"(Flashinfer is not installed or comm module not found|AllReduce fusion pass is "
+                                       r"disabled|Failed to initialize Flashinfer allreduce workspace|Flashinfer allreduce "
+                                       r"fusion is not supported)"),
 }
 _COMM = re.compile(r"all.?reduce|custom.?ar\b|symm.?mem|nccl", re.I)
 
@@ -462,7 +469,7 @@ def parse_engine_log(text:str)->dict:
          "available_kv_gib": None, "graph_capture_s": None, "graph_capture_gib": None, "init_engine_s": None,
          "compilation_s": None, "torch_compile_s": None, "dynamo_s": None, "async_scheduling": None,
          "vllm_version_logged": None, "engine_config": None, "allreduce_backends": {}, "nccl_version": None,
-         "errors": [], "n_warnings": 0, "comm_lines": []}
+         "allreduce_fusion_off": [], "errors": [], "n_warnings": 0, "comm_lines": []}
     for rec in log_records(text):
         msg, proc = rec["msg"], rec["proc"] or "main"
         if rec["level"] in ("ERROR", "CRITICAL") and len(r["errors"]) < 10: r["errors"].append(f"{proc}: {msg[:300]}")
@@ -494,6 +501,8 @@ def parse_engine_log(text:str)->dict:
             elif key == "allreduce_backends": r[key].setdefault(g[1], re.findall(r"'([^']+)'", g[0]))
             elif key == "nccl_version": r[key] = g[0]
             elif key == "engine_config": r["vllm_version_logged"], r[key] = g[0], g[1][:3000]
+            elif key == "allreduce_fusion_off":
+                if g[0] not in r[key]: r[key].append(g[0])                  # why vLLM left the fusion pass out
     return r
 
 # --------------------------------------------------------------------------------------------------------------
@@ -604,7 +613,7 @@ class LogCapture:
 
 KERNEL_FAMILIES = (   # first match wins
     ("allreduce", re.compile(r"nccl|all_?reduce|cross_device_reduce|one_shot|two_shot|multimem|all_?gather|reduce_scatter", re.I)),
-    ("moe", re.compile(r"moe|marlin_moe|topk|top_k|expert|align_block|count_and_sort|noaux|fused_experts", re.I)),
+    ("moe", re.compile(r"moe|marlin_moe|humming|topk|top_k|expert|align_block|count_and_sort|noaux|fused_experts", re.I)),
     ("kda", re.compile(r"kda|causal_conv1d|fused_recurrent|gated_delta|chunk_|l2norm|layer_norm_gated|layer_norm_fwd_kernel"
                        r"|solve_tril|merge_16x16|recompute_w_u|fused_post_conv|gla_", re.I)),
     ("attention", re.compile(r"flash|fmha|attn|attention|reshape_and_cache|paged", re.I)),
@@ -720,7 +729,8 @@ def settings(a, phase:str)->dict:
             "load_format": "dummy", "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
             "enforce_eager": phase == "eager", "compile": None if phase == "eager" else a.compile,
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
-            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj, "variant": a.variant, "only": a.only,
+            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj,
+            "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
             "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,
             "batch_prompt": a.batch_prompt, "batch_tokens": a.batch_tokens, "profile": a.profile,
@@ -915,7 +925,8 @@ def summary_text(res:dict)->str:
     if c: lines.append(f"  KV pool: logged {c['logged_tokens']} tokens / {c['logged_concurrency']}x, predicted "
                        f"{c['predicted_tokens']} / {c['predicted_concurrency']}x -> match={c['match']}")
     lf = (res.get("engine") or {}).get("log_final") or {}
-    if lf: lines.append(f"  NvFp4 MoE backend: {lf.get('nvfp4_moe_backend')}; attention: {lf.get('attention_backends')}")
+    if lf: lines.append(f"  NvFp4 MoE backend: {lf.get('nvfp4_moe_backend')}; attention: {lf.get('attention_backends')}; "
+                        f"all-reduce fusion left out: {'; '.join(lf.get('allreduce_fusion_off') or []) or 'no'}")
     p = res.get("profile")
     if p and p.get("families"):
         lines.append("  profile (us/step): " + ", ".join(f"{r['family']} {r['us_per_step']}" for r in p["families"][:6]))

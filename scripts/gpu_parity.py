@@ -68,13 +68,15 @@ def entry_point_shim(root: Path) -> Path:
 
 # ---- child: one vLLM engine ------------------------------------------------------------------------------------
 
-def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None) -> dict:
+def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
+             moe_backend: str = "auto") -> dict:
     "Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs."
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=0,
               max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.3, enable_prefix_caching=False)
     if additional_config: kw["additional_config"] = additional_config
+    if moe_backend != "auto": kw["moe_backend"] = moe_backend
     if mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
     t0 = time.perf_counter()
@@ -100,7 +102,8 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
     cfg = llm.llm_engine.vllm_config
     return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched, "dtype": dtype,
             "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
-            "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config}
+            "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config,
+            "moe_backend": cfg.kernel_config.moe_backend}
 
 
 # ---- parent: reference, comparisons -----------------------------------------------------------------------------
@@ -159,7 +162,7 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 
 def child_main(a) -> int:
-    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac)
+    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -236,6 +239,7 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=560, help="stop starting engines after this many seconds")
     ap.add_argument("--child-model"); ap.add_argument("--child-mode"); ap.add_argument("--child-out")
     ap.add_argument("--child-dtype", default="bfloat16")
+    ap.add_argument("--moe-backend", default="auto", help="vLLM's moe_backend in every run (auto: vLLM chooses, Marlin on Hopper)")
     ap.add_argument("--additional-config", help="JSON object passed to vLLM as additional_config in every run, "
                     "e.g. '{\"solar_open2_fuse_kda_proj\": true}'")
     a = ap.parse_args()
@@ -265,7 +269,7 @@ def main() -> int:
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     import vllm
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "gpu": torch.cuda.get_device_name(0),
-              "additional_config": a.ac,
+              "additional_config": a.ac, "moe_backend": a.moe_backend,
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
               "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats, "runs": {}, "failures": []}
@@ -282,7 +286,8 @@ def main() -> int:
         try:
             r = subprocess.run([sys.executable, __file__, "--child-model", str(ck), "--child-mode", mode, "--child-dtype", dtype,
                                 "--child-out", str(outf), "--tokens", str(a.tokens)]
-                               + (["--additional-config", a.additional_config] if a.additional_config else []), env=env, cwd=ROOT,
+                               + (["--additional-config", a.additional_config] if a.additional_config else [])
+                               + ["--moe-backend", a.moe_backend], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:
             txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
@@ -301,7 +306,7 @@ def main() -> int:
         single = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["single"])]
         batched = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["batched"])]
         same_batched = [g["tokens"] == b["tokens"] for g, b in zip(res["single"], res["batched"])]
-        rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config")}
+        rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config", "moe_backend")}
         rec.update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
                     "single": single, "batched": batched, "batched_equals_single": same_batched,
                     "tokens": [g["tokens"] for g in res["single"]]})

@@ -112,6 +112,30 @@ def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
         e = ph.engine_kwargs(f, str(tmp_path), "eager")
         assert EngineArgs(**e).additional_config == {"solar_open2_fuse_kda_proj": True}
 
+def test_allreduce_fusion_flag_reaches_the_pass_config_and_the_settings(tmp_path):
+    a = ph.parse_args(["--phase", "graphs"])
+    assert a.allreduce_fusion is None and "pass_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")["compilation_config"]
+    assert ph.settings(a, "graphs")["allreduce_fusion_requested"] is None     # None: vLLM's own default
+    for flag, want in (("--no-allreduce-fusion", False), ("--allreduce-fusion", True)):
+        b = ph.parse_args(["--phase", "graphs", flag])
+        cc = ph.engine_kwargs(b, str(tmp_path), "graphs")["compilation_config"]
+        assert cc["pass_config"] == {"fuse_allreduce_rms": want} and ph.settings(b, "graphs")["allreduce_fusion_requested"] is want
+        assert "compilation_config" not in ph.engine_kwargs(b, str(tmp_path), "eager")   # eager: no compile, no pass
+        assert ph.settings(b, "eager")["allreduce_fusion_requested"] is None
+        if importlib.util.find_spec("vllm") is not None:
+            from vllm.config import CompilationConfig
+            assert CompilationConfig(**cc).pass_config.fuse_allreduce_rms is want
+    # an A/B variant may carry it
+    assert ph.parse_ab(["noar=--no-allreduce-fusion"]) == [("noar", ["--no-allreduce-fusion"])]
+
+def test_parse_engine_log_records_why_the_allreduce_fusion_was_left_out():
+    line = ("(Worker_TP0 pid=5239) WARNING 11-30 05:09:56 [allreduce_rms_fusion.py:978] Flashinfer is not installed or "
+            "comm module not found, skipping allreduce fusion pass\n")
+    line2 = "(Worker_TP0 pid=5239) WARNING 11-30 05:09:58 [allreduce_rms_fusion.py:1102] AllReduce fusion pass is disabled.\n"
+    r = ph.parse_engine_log(_sample_log() + line + line.replace("TP0", "TP1") + line2)
+    assert r["allreduce_fusion_off"] == ["Flashinfer is not installed or comm module not found", "AllReduce fusion pass is disabled"]
+    assert ph.parse_engine_log(_sample_log())["allreduce_fusion_off"] == []     # nothing said: the pass ran
+
 def test_token_prompts_are_deterministic_and_in_range():
     p = ph.token_prompt(4096, 196608, 7)
     assert p == ph.token_prompt(4096, 196608, 7) and p != ph.token_prompt(4096, 196608, 8)
@@ -334,6 +358,8 @@ KERNELS = {
     "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "allreduce",
     "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)": "allreduce",
     "void marlin_moe_wna16::Marlin<(vllm::ScalarType::Id)5, 256, 1, 8, 8, 8, true, false, 8, true>(int4 const*, ...)": "moe",
+    "humming": "moe",                                                  # Humming's JIT GEMM (moe_backend humming)
+    "void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport<__nv_bfloat16, 2, true>(...)": "allreduce",
     "void vllm::moe::moe_align_block_size_kernel<int>(int const*, int*, int*, int*, int, int, int, int, unsigned long, int*)": "moe",
     "void vllm::moe::grouped_topk_fused_kernel<float, 8>(float*, ...)": "moe",
     "fused_recurrent_gated_delta_rule_fwd_kernel": "kda",
