@@ -70,7 +70,11 @@ SHIM_DIST = "solar_open2_perf_plugin_shim-0.0.0.dist-info"
 RUN_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "TRITON_CACHE_AUTOTUNING": "1",
            "VLLM_USE_FLASHINFER_SAMPLER": "0", "TOKENIZERS_PARALLELISM": "false"}
-NVLINK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # forced
+# Forced: NVLink multicast stays off on the lent machines. vLLM's all-reduce fusion auto-selects flashinfer's "mnnvl"
+# backend (multicast); with multicast off it initialised and then hit an illegal memory access in the profile run
+# (2x H200, 2026-11-30), so the fusion is pinned to the IPC-based "trtllm" backend.
+NVLINK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+              "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
 
 PRESETS = {
     "real": dict(tp=2, max_model_len=40960, kv_cache_memory_bytes="16g", max_num_seqs=64,
