@@ -311,9 +311,8 @@ def _fused_inputs(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
 
 def _kda_forward(self:SolarOpen2KDA,
                  hidden_states:torch.Tensor, # [T, hidden], the normed layer input
-                 output:torch.Tensor, # [T, hidden], written
                  positions:torch.Tensor|None=None, # unused (no positions in KDA)
-                )->None:
+                )->torch.Tensor: # [T, hidden], o_proj's all-reduced output
     T, Hl, D = hidden_states.shape[0], self.local_heads, self.head_dim
     if self.fused:
         qkv, g1, b, g2 = _fused_inputs(self, hidden_states)                  # [T, 3*Hl*D] (view), [T, Hl*D], [T, Hl], [T, Hl*D]
@@ -326,7 +325,7 @@ def _kda_forward(self:SolarOpen2KDA,
     core = torch.zeros(T, Hl, D, dtype=hidden_states.dtype, device=hidden_states.device)
     torch.ops.vllm.solar_open2_kda_attention(qkv, g1, beta, core, self.prefix)
     o = self.o_norm(core, g2).reshape(T, Hl * D)                              # RMSNorm(o)·w·sigmoid(g2): [T, Hl*D]
-    output[:] = self.o_proj(o)[0]
+    return self.o_proj(o)[0]                                                  # returned, not copied into a buffer (see above)
 
 SolarOpen2KDA.forward = _kda_forward
 

@@ -56,13 +56,12 @@ class SolarOpen2Attention(nn.Module):
 
     def forward(self,
                 hidden_states:torch.Tensor, # [T, hidden], the normed layer input
-                output:torch.Tensor, # [T, hidden], written
                 positions:torch.Tensor|None=None, # unused: NoPE
-               )->None:
+               )->torch.Tensor: # [T, hidden], o_proj's all-reduced output
         q, k, v = self.qkv_proj(hidden_states)[0].split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
         o = self.attn(q, k, v)                                                # [T, Hq*D]
         gate = torch.sigmoid(self.g_proj(hidden_states)[0].float()).to(o.dtype)   # [T, Hq*D]
-        output[:] = self.o_proj(o * gate)[0]
+        return self.o_proj(o * gate)[0]
 
 # %% ../../nbs/08e_vllm_model.ipynb #5e99379c
 class SolarOpen2MLP(nn.Module):
@@ -118,8 +117,7 @@ class SolarOpen2DecoderLayer(nn.Module):
     def forward(self, positions:torch.Tensor, hidden_states:torch.Tensor, residual:torch.Tensor|None):
         if residual is None: residual, h = hidden_states, self.input_layernorm(hidden_states)
         else: h, residual = self.input_layernorm(hidden_states, residual)
-        out = torch.empty_like(h)
-        self.self_attn(hidden_states=h, output=out, positions=positions)
+        out = self.self_attn(hidden_states=h, positions=positions)            # [T, hidden]; all-reduce -> add + norm below
         h, residual = self.post_attention_layernorm(out, residual)
         return self.mlp(h), residual
 

@@ -148,9 +148,8 @@ def kda_layer(vllm_config, weights:dict, prefix:str="model.layers.1.self_attn", 
 def run_layer(layer, x:torch.Tensor, attn_metadata, vllm_config)->torch.Tensor:
     "One step of `layer` on `x` [T, hidden] with `attn_metadata` (for its prefix; None = profiling run); fp32 output."
     from vllm.forward_context import set_forward_context
-    out = torch.empty_like(x)
     md = None if attn_metadata is None else {layer.prefix: attn_metadata}
-    with set_forward_context(md, vllm_config): layer(x, out)
+    with set_forward_context(md, vllm_config): out = layer(x)               # [T, hidden]
     return out.float()
 
 class RecordingKernels:
