@@ -1,0 +1,162 @@
+#!/usr/bin/env python
+"""The batch-1 NVFP4 MoE kernels (`solar_open2.vllm.moe_decode`, chapter 08f) at the real per-rank shapes on one GPU.
+
+    python benchmarks/moe_decode_h200.py [--tokens 1,2,4,8] [--tiles 16x128,32x128] [--warps 4] [--deadline-s 70]
+
+Needs only torch and triton (no vLLM), so it runs on the GPU machine without the staging steps. One layer's routed
+experts at TP2: 320 experts, hidden 4096, intermediate 640 per rank (1280 / 2), random E2M1 codes, FP8 block scales
+and global scales. It first checks the kernels against the plain fp32 version on the GPU (the chapter's small cases,
+then one real-shape token), then, for each token count and tile, captures the two launches in a CUDA graph (as the
+engine replays them) and times replays with CUDA events. Reported: microseconds per call, and the bandwidth reached
+on the expert bytes actually read (packed codes + block scales of the distinct selected experts; 8 per token).
+
+Marlin is not run here (it needs vLLM's weight repacking); the comparison figures are chapter 09's profile of the
+engine (`benchmarks/results/perf_h200_graphs_ar.json`), recorded in the JSON as `marlin_profile`. The claim that
+matters is an engine A/B once the kernels are wired in; this script decides whether that is worth doing.
+
+Output: `benchmarks/results/moe_decode_h200.json` (and `$OUT/` when set), written after every configuration.
+"""
+from __future__ import annotations
+import argparse, datetime, json, os, platform, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+REAL = dict(E=320, K=4096, I=640, H=4096, topk=8)          # one layer's routed experts per rank at TP2
+H200_BANDWIDTH = 4.8e12
+# chapter 09, `ar` profile (2x H200, TP2, one stream, CUDA graphs): per MoE layer, microseconds
+MARLIN_PROFILE = {"source": "benchmarks/results/perf_h200_graphs_ar.json (top_kernels, per layer)",
+                  "gate_up_marlin_us": 16.7, "down_marlin_us": 11.8, "two_gemms_us": 28.5,
+                  "with_align_sort_fill_act_sum_copy_us": 40.8}
+
+def expert_bytes(I:int, K:int, H:int)->dict:
+    "Bytes of one expert's packed codes + FP8 block scales: gate/up [2I, K], down [H, I]."
+    return {"w13": 2 * I * (K // 2 + K // 16), "w2": H * (I // 2 + I // 16)}
+
+def random_experts(E, K, I, H, device, seed=0):
+    "Random NVFP4 experts at the given shapes, built on `device` (every code valid, scales finite and positive)."
+    import torch
+    from solar_open2.vllm.moe_decode import NVFP4Experts
+    g = torch.Generator(device=device).manual_seed(seed)
+    def one(N, Kin, S):
+        packed = torch.randint(0, 256, (E, N, Kin // 2), generator=g, device=device, dtype=torch.uint8)
+        scale = (0.25 + torch.rand(E, N, Kin // 16, generator=g, device=device)).to(torch.float8_e4m3fn)
+        gs = (1e-2 * (0.5 + torch.rand(E, S, generator=g, device=device))).float()
+        return NVFP4Experts(packed, scale, gs)
+    return one(2 * I, K, 2), one(H, I, 1)
+
+def routing(M, E, k, device, seed=0):
+    "Distinct experts per token (as top-k routing gives) and positive weights."
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).to(device)
+    wts = torch.softmax(torch.randn(M, k, generator=g), -1).to(device)
+    return ids, wts
+
+def time_graph(fn, reps:int)->float:
+    "Microseconds per call of `fn`, captured once in a CUDA graph and replayed `reps` times."
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3): fn()                                        # compile + warm
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph): fn()
+    for _ in range(5): graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps): graph.replay()
+    end.record(); torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / reps
+
+def run(tokens=(1, 2, 4, 8), tiles=((16, 128), (32, 128), (16, 256), (8, 128)), warps=(4,), reps:int=200,
+        deadline_s:float=70.0, out_paths=(), device:str="cuda", shapes:dict|None=None, timer=None)->dict:
+    """Check, then time every (tokens, tile, warps); returns the result dict (also written to `out_paths`).
+    `device`, `shapes` and `timer` exist for the CPU test of this script (Triton's interpreter, a fake timer)."""
+    import torch, triton
+    from solar_open2 import nvfp4
+    from solar_open2.vllm.moe_decode import moe_decode_torch, moe_decode_triton, self_check
+    t0 = time.perf_counter()
+    dev, shp, timer = device, dict(shapes or REAL), timer or time_graph
+    res = {"schema": 1, "benchmark": "moe_decode_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
+           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else dev, "versions": {"torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version()}, "git_commit": _git_commit(), "shapes": shp,
+           "bandwidth_Bps": H200_BANDWIDTH, "marlin_profile": MARLIN_PROFILE, "checks": [], "timings": [], "skipped": []}
+    def save():
+        for p in out_paths:
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+            Path(p).write_text(json.dumps(res, indent=1))
+    res["checks"] = [{**c, "kind": "small"} for c in self_check(device=dev)]
+    E, K, I, H, k = (shp[x] for x in ("E", "K", "I", "H", "topk"))
+    w13, w2 = random_experts(E, K, I, H, dev)
+    x = torch.randn(1, K, device=dev).to(torch.bfloat16)
+    ids, wts = routing(1, E, k, dev)
+    ref = moe_decode_torch(x, ids, wts, w13, w2)
+    got = moe_decode_triton(x, ids, wts, w13, w2)
+    res["checks"].append({"kind": "real shapes, 1 token", "case": [E, K, I, H, 1, k], "rel_rms": nvfp4.relative_rms(got, ref)})
+    save()
+    per = expert_bytes(I, K, H)
+    for M in tokens:
+        xm = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        ids, wts = routing(M, E, k, dev, seed=M)
+        distinct = int(torch.unique(ids).numel())
+        nbytes = distinct * (per["w13"] + per["w2"])
+        for bn, bk in tiles:
+            for nw in warps:
+                if time.perf_counter() - t0 > deadline_s:
+                    res["skipped"].append({"tokens": M, "block_n": bn, "block_k": bk, "num_warps": nw}); continue
+                try:
+                    us = timer(lambda: moe_decode_triton(xm, ids, wts, w13, w2, block_n=bn, block_k=bk, num_warps=nw), reps)
+                    row = {"tokens": M, "block_n": bn, "block_k": bk, "num_warps": nw, "us": round(us, 2),
+                           "distinct_experts": distinct, "bytes": nbytes, "TBps": round(nbytes / us / 1e6, 3),
+                           "fraction_of_bandwidth": round(nbytes / us / 1e-6 / H200_BANDWIDTH, 3)}
+                except Exception as e:                                   # record, keep going
+                    row = {"tokens": M, "block_n": bn, "block_k": bk, "num_warps": nw, "error": f"{type(e).__name__}: {e}"[:400]}
+                res["timings"].append(row)
+                print(json.dumps(row), flush=True)
+                save()
+    ok = [r for r in res["timings"] if "us" in r]
+    res["best"] = {str(M): min((r for r in ok if r["tokens"] == M), key=lambda r: r["us"], default=None) for M in tokens}
+    res["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    save()
+    return res
+
+def _git_commit()->str|None:
+    try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception: return None
+
+def _pairs(s:str)->tuple:
+    try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
+    except ValueError: raise argparse.ArgumentTypeError(f"expected BLOCK_NxBLOCK_K[,...], got {s!r}")
+
+def _ints(s:str)->tuple:
+    try: return tuple(int(v) for v in s.split(","))
+    except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
+
+def main(argv=None)->int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=_ints, default=(1, 2, 4, 8))
+    ap.add_argument("--tiles", type=_pairs, default=((16, 128), (32, 128), (16, 256), (8, 128)))
+    ap.add_argument("--warps", type=_ints, default=(4,))
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--deadline-s", type=float, default=70.0, help="start no timing after this many seconds")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    a = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("moe_decode_h200: no CUDA device", file=sys.stderr); return 2
+    outs = [RESULTS / "moe_decode_h200.json"] + ([a.out / "moe_decode_h200.json"] if a.out else [])
+    res = run(a.tokens, a.tiles, a.warps, a.reps, a.deadline_s, outs)
+    for c in res["checks"]: print("check", c)
+    for M, b in res["best"].items():
+        if b: print(f"{M} token(s): best {b['us']} us at {b['block_n']}x{b['block_k']}/{b['num_warps']}w, "
+                    f"{b['TBps']} TB/s ({100 * b['fraction_of_bandwidth']:.0f} % of 4.8)")
+    bad = [c for c in res["checks"] if not c["rel_rms"] < 1e-5]
+    return 1 if bad else 0
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"The batch-1 NVFP4 MoE benchmark script (benchmarks/moe_decode_h200.py): its logic on the CPU, its GPU run when there is one."
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "moe_decode_h200.py"
+
+def test_no_gpu_exits_2_and_bad_flags_name_themselves():
+    if torch.cuda.is_available(): pytest.skip("has a GPU")
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), "--tiles", "16y"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--tiles" in r.stderr
+
+def test_bytes_per_expert_at_the_real_shapes():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import moe_decode_h200 as m
+    b = m.expert_bytes(640, 4096, 4096)
+    assert b == {"w13": 2 * 640 * (2048 + 256), "w2": 4096 * (320 + 40)}
+    assert 8 * (b["w13"] + b["w2"]) / 4.8e12 * 1e6 == pytest.approx(7.37, abs=0.01)   # one token's experts at 4.8 TB/s
+
+def test_run_on_cpu_under_the_interpreter(tmp_path):
+    "The whole script path (checks, timing loop, bytes, JSON) with small shapes, Triton's interpreter and a fake timer."
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import moe_decode_h200 as m
+res = m.run(tokens=(1, 3), tiles=((16, 64), (8, 32)), reps=1, out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu",
+            shapes=dict(E=6, K=64, I=32, H=48, topk=2), timer=lambda fn, reps: (fn(), 2.0)[1], deadline_s=600)
+print(json.dumps(res["best"]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and len(res["checks"]) == 5   # 4 small + 1 at the given shapes
+    assert len(res["timings"]) == 4 and not res["skipped"]
+    t = res["timings"][0]
+    per = 2 * 32 * (32 + 4) + 48 * (16 + 2)                                  # one expert's bytes at these shapes
+    assert t["bytes"] == t["distinct_experts"] * per and t["us"] == 2.0 and t["distinct_experts"] == 2
+    assert res["best"]["1"]["tokens"] == 1 and res["best"]["3"]["distinct_experts"] <= 6
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_kernels_match_and_time(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import moe_decode_h200 as m
+    res = m.run(tokens=(1,), tiles=((16, 128),), reps=20, out_paths=[tmp_path / "r.json"])
+    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and res["best"]["1"]["us"] > 0
