@@ -41,8 +41,8 @@ def random_experts(E, K, I, H, device, seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
     def one(N, Kin, S):
         packed = torch.randint(0, 256, (E, N, Kin // 2), generator=g, device=device, dtype=torch.uint8)
-        scale = (0.25 + torch.rand(E, N, Kin // 16, generator=g, device=device)).to(torch.float8_e4m3fn)
-        gs = (1e-2 * (0.5 + torch.rand(E, S, generator=g, device=device))).float()
+        scale = (0.25 + torch.rand(E, N, Kin // 16, generator=g, device=device, dtype=torch.float32)).to(torch.float8_e4m3fn)
+        gs = (1e-2 * (0.5 + torch.rand(E, S, generator=g, device=device, dtype=torch.float32))).float()
         return NVFP4Experts(packed, scale, gs)
     return one(2 * I, K, 2), one(H, I, 1)
 
@@ -51,7 +51,7 @@ def routing(M, E, k, device, seed=0):
     import torch
     g = torch.Generator().manual_seed(seed)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).to(device)
-    wts = torch.softmax(torch.randn(M, k, generator=g), -1).to(device)
+    wts = torch.softmax(torch.randn(M, k, generator=g, dtype=torch.float32), -1).to(device)
     return ids, wts
 
 def time_graph(fn, reps:int)->float:
@@ -93,7 +93,7 @@ def run(tokens=(1, 2, 4, 8), tiles=((16, 128), (32, 128), (16, 256), (8, 128)), 
     res["checks"] = [{**c, "kind": "small"} for c in self_check(device=dev)]
     E, K, I, H, k = (shp[x] for x in ("E", "K", "I", "H", "topk"))
     w13, w2 = random_experts(E, K, I, H, dev)
-    x = torch.randn(1, K, device=dev).to(torch.bfloat16)
+    x = torch.randn(1, K, device=dev, dtype=torch.float32).to(torch.bfloat16)
     ids, wts = routing(1, E, k, dev)
     ref = moe_decode_torch(x, ids, wts, w13, w2)
     got = moe_decode_triton(x, ids, wts, w13, w2)
@@ -101,7 +101,7 @@ def run(tokens=(1, 2, 4, 8), tiles=((16, 128), (32, 128), (16, 256), (8, 128)), 
     save()
     per = expert_bytes(I, K, H)
     for M in tokens:
-        xm = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        xm = torch.randn(M, K, device=dev, dtype=torch.float32).to(torch.bfloat16)
         ids, wts = routing(M, E, k, dev, seed=M)
         distinct = int(torch.unique(ids).numel())
         nbytes = distinct * (per["w13"] + per["w2"])

@@ -191,7 +191,7 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         BLOCK_N=block_n, BLOCK_K=block_k_for(I, block_k), num_warps=num_warps)
     return out
 
-# %% ../../nbs/08f_vllm_moe_decode.ipynb #a48813e5
+# %% ../../nbs/08f_vllm_moe_decode.ipynb #271e4499
 CHECK_CASES = (   # (E, K, I, H, M, k, block_n, block_k)
     (5, 48, 32, 40, 1, 2, 16, 64),      # K not a multiple of the tile, H not a multiple of block_n
     (4, 128, 64, 80, 3, 4, 16, 64),
@@ -204,12 +204,12 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:boo
     out = []
     for i, (E, K, I, H, M, k, bn, bk) in enumerate(cases):
         g = torch.Generator().manual_seed(seed + i)
-        q = lambda r, c, s: nvfp4.quantize(s * torch.randn(r, c, generator=g))
+        q = lambda r, c, s: nvfp4.quantize(s * torch.randn(r, c, generator=g, dtype=torch.float32))
         w13 = stack_experts([[q(I, K, 1.0), q(I, K, 3.0)] for _ in range(E)])
         w2 = stack_experts([q(H, I, 0.5) for _ in range(E)])
-        x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        x = torch.randn(M, K, generator=g, dtype=torch.float32).to(torch.bfloat16)
         ids = torch.randint(0, E, (M, k), generator=g)
-        wts = torch.rand(M, k, generator=g)
+        wts = torch.rand(M, k, generator=g, dtype=torch.float32)
         ref = moe_decode_torch(x, ids, wts, w13, w2)
         if swap_nibbles:
             sw = lambda t: NVFP4Experts((t.packed >> 4) | (t.packed << 4), t.scale, t.global_scale)

@@ -71,10 +71,13 @@ def cpu_vllm(model_dir=None, vllm_config=None, **kwargs):
     from vllm.utils.torch_utils import set_default_torch_dtype
     vc = vllm_config if vllm_config is not None else cpu_vllm_config(model_dir, **kwargs)
     _ensure_distributed()
-    with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype):
-        if not model_parallel_is_initialized():
-            with _real_stdout(): initialize_model_parallel(1, 1)
-        yield vc
+    old = torch.get_default_dtype()
+    try:
+        with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype):
+            if not model_parallel_is_initialized():
+                with _real_stdout(): initialize_model_parallel(1, 1)
+            yield vc
+    finally: torch.set_default_dtype(old)   # vLLM's context does not restore it when the body raises
 
 @contextlib.contextmanager
 def cpu_nvfp4_moe():
