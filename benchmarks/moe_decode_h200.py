@@ -22,17 +22,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from solar_open2 import budget                                  # noqa: E402
+from solar_open2.config import SolarOpen2Config, nvfp4_bytes   # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
-REAL = dict(E=320, K=4096, I=640, H=4096, topk=8)          # one layer's routed experts per rank at TP2
-H200_BANDWIDTH = 4.8e12
+TP = 2
+
+def rank_shapes(cfg:SolarOpen2Config, tp:int=TP)->dict:
+    "One layer's routed experts on one rank: every expert, its intermediate width split over `tp` (vLLM's TP MoE)."
+    return dict(E=cfg.n_routed_experts, K=cfg.hidden_size, I=cfg.moe_intermediate_size // tp, H=cfg.hidden_size,
+                topk=cfg.num_experts_per_tok)
+
+REAL = rank_shapes(SolarOpen2Config.real())                    # 320 experts, 4096 -> 640 -> 4096, top-8
+H200_BANDWIDTH = budget.BANDWIDTH["h200"]
 # chapter 09, `ar` profile (2x H200, TP2, one stream, CUDA graphs): per MoE layer, microseconds
 MARLIN_PROFILE = {"source": "benchmarks/results/perf_h200_graphs_ar.json (top_kernels, per layer)",
                   "gate_up_marlin_us": 16.7, "down_marlin_us": 11.8, "two_gemms_us": 28.5,
                   "with_align_sort_fill_act_sum_copy_us": 40.8}
 
 def expert_bytes(I:int, K:int, H:int)->dict:
-    "Bytes of one expert's packed codes + FP8 block scales: gate/up [2I, K], down [H, I]."
-    return {"w13": 2 * I * (K // 2 + K // 16), "w2": H * (I // 2 + I // 16)}
+    "Bytes the kernels read for one expert (the codec's count: codes, block scales, global scale): gate + up, down."
+    return {"w13": 2 * nvfp4_bytes(I, K), "w2": nvfp4_bytes(H, I)}
 
 def random_experts(E, K, I, H, device, seed=0):
     "Random NVFP4 experts at the given shapes, built on `device` (every code valid, scales finite and positive)."

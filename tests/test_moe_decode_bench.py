@@ -17,8 +17,9 @@ def test_no_gpu_exits_2_and_bad_flags_name_themselves():
 def test_bytes_per_expert_at_the_real_shapes():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import moe_decode_h200 as m
+    assert m.REAL == dict(E=320, K=4096, I=640, H=4096, topk=8)              # the real config at TP2
     b = m.expert_bytes(640, 4096, 4096)
-    assert b == {"w13": 2 * 640 * (2048 + 256), "w2": 4096 * (320 + 40)}
+    assert b == {"w13": 2 * (640 * (2048 + 256) + 8), "w2": 4096 * (320 + 40) + 8}   # codes + block scales + global scale
     assert 8 * (b["w13"] + b["w2"]) / 4.8e12 * 1e6 == pytest.approx(7.37, abs=0.01)   # one token's experts at 4.8 TB/s
 
 def test_run_on_cpu_under_the_interpreter(tmp_path):
@@ -38,7 +39,7 @@ print(json.dumps(res["best"]))
     assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and len(res["checks"]) == 5   # 4 small + 1 at the given shapes
     assert len(res["timings"]) == 4 and not res["skipped"]
     t = res["timings"][0]
-    per = 2 * 32 * (32 + 4) + 48 * (16 + 2)                                  # one expert's bytes at these shapes
+    per = 2 * (32 * (32 + 4) + 8) + 48 * (16 + 2) + 8                        # one expert's bytes at these shapes
     assert t["bytes"] == t["distinct_experts"] * per and t["us"] == 2.0 and t["distinct_experts"] == 2
     assert res["best"]["1"]["tokens"] == 1 and res["best"]["3"]["distinct_experts"] <= 6
 

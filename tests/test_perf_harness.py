@@ -170,11 +170,13 @@ def test_prepend_path_and_environment(tmp_path, monkeypatch):
     assert ph.prepend_path(env, "/b", "/c") == "/b:/c:/a"
     for k in list(ph.NVLINK_ENV) + ["VLLM_PLUGINS"]: monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    monkeypatch.setenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl")                # multicast: crashed on the lent H200s
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
     monkeypatch.setenv("PYTHONPATH", "/x")
     monkeypatch.setattr(sys, "path", list(sys.path))
     rec = ph.setup_environment(tmp_path)
     assert rec["NCCL_NVLS_ENABLE"] == "0" and rec["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and rec["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert rec["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"   # forced too
     assert os.environ["PYTHONPATH"].split(":")[:2] == [str(ph.ROOT), str(tmp_path)] and os.environ["PYTHONPATH"].endswith(":/x")
     assert os.environ["VLLM_PLUGINS"] == "lora_filesystem_resolver,solar_open2"
     assert rec["TRITON_CACHE_AUTOTUNING"] == os.environ["TRITON_CACHE_AUTOTUNING"]

@@ -15,10 +15,10 @@ import triton.language as tl
 from .. import nvfp4
 
 # %% auto #0
-__all__ = ['CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'moe_decode_torch', 'e2m1', 'e4m3', 'block_dot', 'gate_up_kernel',
-           'down_kernel', 'block_k_for', 'moe_decode_triton', 'self_check']
+__all__ = ['CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch', 'e2m1', 'e4m3', 'block_dot',
+           'gate_up_kernel', 'down_kernel', 'block_k_for', 'moe_decode_triton', 'self_check']
 
-# %% ../../nbs/08f_vllm_moe_decode.ipynb #dd2418e9
+# %% ../../nbs/08f_vllm_moe_decode.ipynb #11bf17d0
 @dataclass(eq=False)
 class NVFP4Experts:
     "Stacked NVFP4 experts: `W[e] = E2M1(code) · scale · global_scale[e, s]`, rows split into `S` equal segments."
@@ -57,6 +57,11 @@ def stack_experts(weights:list)->NVFP4Experts:
     scale = torch.stack([torch.cat([w.scale for w in s]) for s in segs])                                # [E, N, K/16]
     gs = torch.stack([torch.stack([w.global_scale.float().reshape(()) for w in s]) for s in segs])     # [E, S]
     return NVFP4Experts(packed, scale, gs)
+
+def quantized_experts(E:int, K:int, I:int, H:int, generator:torch.Generator|None=None)->tuple:
+    "Random gate/up `[E, 2I, K]` and down `[E, H, I]` experts through the codec, each matrix its own global scale."
+    q = lambda r, c, s: nvfp4.quantize(s * torch.randn(r, c, generator=generator, dtype=torch.float32))
+    return stack_experts([[q(I, K, 1.0), q(I, K, 3.0)] for _ in range(E)]), stack_experts([q(H, I, 0.5) for _ in range(E)])
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #5d09d129
 def moe_decode_torch(x:torch.Tensor, # [M, K] activations
@@ -144,11 +149,14 @@ def down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, H, topk,
         out += tl.load(wts_ptr + pair).to(tl.float32) * tl.load(g_ptr + e) * acc
     tl.store(o_ptr + m * stride_om + rows, out, mask=rmask)
 
-# %% ../../nbs/08f_vllm_moe_decode.ipynb #958e07fb
+# %% ../../nbs/08f_vllm_moe_decode.ipynb #4f9dd033
+def _pow2(n:int)->bool: return n > 0 and n & (n - 1) == 0
+
 def block_k_for(K:int, want:int=128)->int:
     "The largest power of two <= `want` and >= 16 that divides `K`."
     if K <= 0 or K % nvfp4.GROUP_SIZE: raise ValueError(f"inner dimension {K} is not a positive multiple of {nvfp4.GROUP_SIZE}")
-    b = max(16, want)
+    if not _pow2(want) or want < 16: raise ValueError(f"block_k must be a power of two >= 16, got {want}")
+    b = want
     while K % b: b //= 2
     return b
 
@@ -171,6 +179,7 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     if w13.global_scale.shape[1] != 2 or w2.global_scale.shape[1] != 1:
         raise ValueError("w13 needs two global-scale segments (gate, up) and w2 one")
     if tuple(topk_weights.shape) != (M, k): raise ValueError(f"topk_weights {list(topk_weights.shape)} != topk_ids {[M, k]}")
+    if not _pow2(block_n): raise ValueError(f"block_n must be a power of two, got {block_n}")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("moe_decode_triton on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before Triton is first imported (the tests run it in a subprocess)")
@@ -191,7 +200,7 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         BLOCK_N=block_n, BLOCK_K=block_k_for(I, block_k), num_warps=num_warps)
     return out
 
-# %% ../../nbs/08f_vllm_moe_decode.ipynb #271e4499
+# %% ../../nbs/08f_vllm_moe_decode.ipynb #2f9abc22
 CHECK_CASES = (   # (E, K, I, H, M, k, block_n, block_k)
     (5, 48, 32, 40, 1, 2, 16, 64),      # K not a multiple of the tile, H not a multiple of block_n
     (4, 128, 64, 80, 3, 4, 16, 64),
@@ -204,9 +213,7 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:boo
     out = []
     for i, (E, K, I, H, M, k, bn, bk) in enumerate(cases):
         g = torch.Generator().manual_seed(seed + i)
-        q = lambda r, c, s: nvfp4.quantize(s * torch.randn(r, c, generator=g, dtype=torch.float32))
-        w13 = stack_experts([[q(I, K, 1.0), q(I, K, 3.0)] for _ in range(E)])
-        w2 = stack_experts([q(H, I, 0.5) for _ in range(E)])
+        w13, w2 = quantized_experts(E, K, I, H, g)
         x = torch.randn(M, K, generator=g, dtype=torch.float32).to(torch.bfloat16)
         ids = torch.randint(0, E, (M, k), generator=g)
         wts = torch.rand(M, k, generator=g, dtype=torch.float32)
