@@ -174,6 +174,7 @@ class FakeOpenAIServer:
 
     def _stream(self, h, body, chat, t0):
         with self._lock: self.inflight += 1; self.max_inflight = max(self.max_inflight, self.inflight)
+        done = False
         try:
             n_in, max_tok = _prompt_tokens(body), int(body.get("max_tokens") or 16)
             words = [f" w{i}" for i in range(max_tok)] if body.get("ignore_eos") else [" " + w for w in self.reply][:max_tok]
@@ -190,10 +191,13 @@ class FakeOpenAIServer:
             if (body.get("stream_options") or {}).get("include_usage"):
                 send({"model": self.model, "choices": [], "usage": {"prompt_tokens": n_in, "completion_tokens": len(words),
                                                                       "total_tokens": n_in + len(words)}})
+            with self._lock:   # logged and no longer in flight BEFORE the client can see [DONE] and move on
+                self.log.append({"t_arrive": t0, "t_done": time.perf_counter(), "prompt_tokens": n_in, "completion_tokens": len(words)})
+                self.inflight -= 1; done = True
             h.wfile.write(b"data: [DONE]\n\n")
-            with self._lock: self.log.append({"t_arrive": t0, "t_done": time.perf_counter(), "prompt_tokens": n_in, "completion_tokens": len(words)})
         finally:
-            with self._lock: self.inflight -= 1
+            if not done:
+                with self._lock: self.inflight -= 1
 
     def __enter__(self):
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
