@@ -11,8 +11,8 @@ def test_no_gpu_exits_2_and_bad_flags_name_themselves():
     if torch.cuda.is_available(): pytest.skip("has a GPU")
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
-    r = subprocess.run([sys.executable, str(SCRIPT), "--tiles", "16y"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "--tiles" in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), "--down-tiles", "16y"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--down-tiles" in r.stderr
 
 def test_bytes_per_expert_at_the_real_shapes():
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -23,29 +23,37 @@ def test_bytes_per_expert_at_the_real_shapes():
     assert 8 * (b["w13"] + b["w2"]) / 4.8e12 * 1e6 == pytest.approx(7.37, abs=0.01)   # one token's experts at 4.8 TB/s
 
 def test_run_on_cpu_under_the_interpreter(tmp_path):
-    "The whole script path (checks, timing loop, bytes, JSON) with small shapes, Triton's interpreter and a fake timer."
+    "The whole script path (checks, per-kernel and joint timing, bytes, JSON) with small shapes, the interpreter, a fake timer."
     code = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import moe_decode_h200 as m
-res = m.run(tokens=(1, 3), tiles=((16, 64), (8, 32)), reps=1, out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu",
-            shapes=dict(E=6, K=64, I=32, H=48, topk=2), timer=lambda fn, reps: (fn(), 2.0)[1], deadline_s=600)
-print(json.dumps(res["best"]))
+calls = []
+def timer(fns, reps):
+    for f in fns: f()
+    calls.append(len(fns)); return {{2: 3.0, 1: 2.0}}.get(len(calls) % 3, 5.0)
+res = m.run(tokens=(1, 3), gate_up_tiles=((2, 64, 4, 1), (4, 32, 4, 2)), down_tiles=((16, 32, 4, 3),), reps=1,
+            out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=dict(E=6, K=64, I=32, H=48, topk=2),
+            timer=timer, deadline_s=600, rotations=2)
+print(json.dumps(calls))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [2] * 8                 # every timing rotates 2 routings
     res = json.loads((tmp_path / "r.json").read_text())
-    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and len(res["checks"]) == 5   # 4 small + 1 at the given shapes
-    assert len(res["timings"]) == 4 and not res["skipped"]
+    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and len(res["checks"]) == 7   # 6 small + 1 at the given shapes
+    assert [t["kernel"] for t in res["timings"]] == ["gate_up", "gate_up", "down", "both"] * 2 and not res["skipped"]
+    per13, per2 = 2 * (32 * (32 + 4) + 8), 48 * (16 + 2) + 8                    # one expert's bytes at these shapes
     t = res["timings"][0]
-    per = 2 * (32 * (32 + 4) + 8) + 48 * (16 + 2) + 8                        # one expert's bytes at these shapes
-    assert t["bytes"] == t["distinct_experts"] * per and t["us"] == 2.0 and t["distinct_experts"] == 2
-    assert res["best"]["1"]["tokens"] == 1 and res["best"]["3"]["distinct_experts"] <= 6
+    assert t["bytes"] == round(t["distinct_experts"] * per13) and t["distinct_experts"] == 2 and t["us"] == 2.0
+    b = res["best"]["1"]
+    assert b["gate_up"]["tile"] == [2, 64, 4, 1] and b["both"]["tiles"] == [[2, 64, 4, 1], [16, 32, 4, 3]]
+    assert b["both"]["bytes"] == round(2 * (per13 + per2)) and res["best"]["3"]["both"]["distinct_experts"] <= 6
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_kernels_match_and_time(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import moe_decode_h200 as m
-    res = m.run(tokens=(1,), tiles=((16, 128),), reps=20, out_paths=[tmp_path / "r.json"])
-    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and res["best"]["1"]["us"] > 0
+    res = m.run(tokens=(1,), gate_up_tiles=((2, 512, 4, 3),), down_tiles=((16, 128, 4, 3),), reps=20, out_paths=[tmp_path / "r.json"])
+    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and res["best"]["1"]["both"]["us"] > 0

@@ -16,6 +16,7 @@ from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
+from .moe_experts import use_triton_experts
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                                ReplicatedLinear, RowParallelLinear)
@@ -96,6 +97,7 @@ class SolarOpen2MoE(nn.Module):
                                 scoring_func="sigmoid", e_score_correction_bias=self.gate.e_score_correction_bias,
                                 routed_scaling_factor=config.routed_scaling_factor, apply_routed_scale_to_output=True,
                                 router_logits_dtype=torch.float32)
+        use_triton_experts(self.experts)      # moe_backend="emulation": our NVFP4 experts on the raw layout (08f)
 
     def forward(self, hidden_states:torch.Tensor)->torch.Tensor: # [T, hidden] -> [T, hidden]
         logits, _ = self.gate(hidden_states.float())                          # [T, E] fp32

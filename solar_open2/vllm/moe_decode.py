@@ -15,8 +15,9 @@ import triton.language as tl
 from .. import nvfp4
 
 # %% auto #0
-__all__ = ['CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch', 'e2m1', 'e4m3', 'block_dot',
-           'gate_up_kernel', 'down_kernel', 'block_k_for', 'moe_decode_triton', 'self_check']
+__all__ = ['GATE_UP_TILE', 'DOWN_TILE', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch',
+           'nibbles', 'tile_dot', 'gate_up_kernel', 'down_kernel', 'block_k_for', 'Tile', 'moe_decode_triton',
+           'self_check']
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #11bf17d0
 @dataclass(eq=False)
@@ -84,70 +85,79 @@ def moe_decode_torch(x:torch.Tensor, # [M, K] activations
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #8816dfc5
 @triton.jit
-def e2m1(c):
-    "4-bit E2M1 codes (int32) -> values (fp32): bit 3 sign, bits 0..2 the magnitude index."
-    m = (c & 7).to(tl.float32)
-    v = tl.where(m < 4, 0.5 * m, tl.where(m < 7, m - 2.0, 6.0))
-    return tl.where((c & 8) != 0, -v, v)
+def nibbles(byt):
+    "Packed bytes (int32) -> (low, high) E2M1 values times 2^-14, fp32: each 4-bit code becomes an fp16 bit pattern."
+    lo = ((byt & 8) << 12) | ((byt & 7) << 9)                  # sign -> bit 15; exponent, mantissa -> bits 11..9
+    hi = ((byt & 128) << 8) | ((byt & 112) << 5)
+    return (lo.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32),
+            hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32))
 
 @triton.jit
-def e4m3(b):
-    "float8_e4m3fn bit patterns (int32) -> fp32 (block scales: finite, so no NaN pattern)."
-    ex = (b >> 3) & 15
-    mt = (b & 7).to(tl.float32)
-    v = tl.where(ex > 0, tl.exp2((ex - 7).to(tl.float32)) * (1.0 + mt * 0.125), mt * 0.001953125)   # subnormal: 2^-6 · m/8
-    return tl.where((b & 128) != 0, -v, v)
-
-@triton.jit
-def block_dot(w_ptr, s_ptr, rows, rmask, x, k0, stride_wn, stride_sn, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr):
-    "Σ_k W[rows, k0:k0+BK] · x for NVFP4 rows (block scales applied, global scale not): [BLOCK_N] fp32."
+def tile_dot(wp, sp, msk, xe, xo, k0, KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr):
+    "Rows `wp`/`sp` ([KP, BN, 1] pointers) · inputs k0..k0+BK (even `xe`, odd `xo`: [., 1, BK/2]) -> [KP, BN] fp32, · 2^-14."
     bb = tl.arange(0, BLOCK_K // 2)
-    byt = tl.load(w_ptr + rows[:, None] * stride_wn + (k0 // 2 + bb)[None, :], mask=rmask[:, None], other=0).to(tl.int32)
-    w = tl.interleave(e2m1(byt & 15), e2m1(byt >> 4))                                   # [BN, BK]: low nibble = even input
+    byt = tl.load(wp + (k0 // 2 + bb)[None, None, :], mask=msk, other=0).to(tl.int32)     # [KP, BN, BK/2] bytes
+    lo, hi = nibbles(byt)
+    p = lo * xe + hi * xo                                                                   # [KP, BN, BK/2]
+    p = tl.sum(tl.reshape(p, (KP, BLOCK_N, BLOCK_K // 16, 8)), axis=3)                     # [KP, BN, BK/16] per block
     sb = tl.arange(0, BLOCK_K // 16)
-    sc = e4m3(tl.load(s_ptr + rows[:, None] * stride_sn + (k0 // 16 + sb)[None, :], mask=rmask[:, None], other=0).to(tl.int32))
-    part = tl.sum(tl.reshape(w, (BLOCK_N, BLOCK_K // 16, 16)) * tl.reshape(x, (1, BLOCK_K // 16, 16)), axis=2)   # [BN, BK/16]
-    return tl.sum(part * sc, axis=1)                                                    # [BN]
+    sc = tl.load(sp + (k0 // 16 + sb)[None, None, :], mask=msk, other=0.0).to(tl.float32)  # FP8 E4M3 block scales
+    return tl.sum(p * sc, axis=2)                                                           # [KP, BN]
 
 @triton.jit
 def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
-                   BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr):
-    "One (row block, token·expert pair): h = silu(G x) ⊙ (U x) for BLOCK_N intermediate features."
-    pid_n, pair = tl.program_id(0), tl.program_id(1)
-    e = tl.load(ids_ptr + pair).to(tl.int64)
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                                      # gate rows; up rows are I + rows
-    rmask = rows < I
-    wp, sp = w_ptr + e * stride_we, s_ptr + e * stride_se
-    acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + (pair // topk) * stride_xm + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)   # [BK]
-        acc_g += block_dot(wp, sp, rows, rmask, x, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
-        acc_u += block_dot(wp, sp, rows + I, rmask, x, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
-    g = acc_g * tl.load(g_ptr + e * 2)                                                  # gate's global scale
-    u = acc_u * tl.load(g_ptr + e * 2 + 1)                                              # up's global scale
-    tl.store(h_ptr + pair * stride_hm + rows, g / (1.0 + tl.exp(-g)) * u, mask=rmask)  # silu(g)·u, fp32
+                   KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
+    "One (row block, token): h_j = silu(G[e_j] x) ⊙ (U[e_j] x) for BLOCK_N features of all the token's k experts."
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    j = tl.arange(0, KP)
+    jm = j < topk                                                                           # KP: k rounded up to 2^n
+    e = tl.load(ids_ptr + m * topk + j, mask=jm, other=0).to(tl.int64)                     # [KP] expert ids
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                                          # gate rows; up: I + rows
+    rm = rows < I
+    msk = jm[:, None, None] & rm[None, :, None]                                             # [KP, BN, 1]
+    wg = w_ptr + e[:, None, None] * stride_we + rows[None, :, None] * stride_wn             # [KP, BN, 1]
+    sg = s_ptr + e[:, None, None] * stride_se + rows[None, :, None] * stride_sn
+    wu, su = wg + I * stride_wn, sg + I * stride_sn
+    acc_g = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
+    hb = tl.arange(0, BLOCK_K // 2)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        xe = tl.load(x_ptr + m * stride_xm + k0 + 2 * hb).to(tl.float32)[None, None, :]     # [1, 1, BK/2] even inputs
+        xo = tl.load(x_ptr + m * stride_xm + k0 + 2 * hb + 1).to(tl.float32)[None, None, :]  # odd inputs
+        acc_g += tile_dot(wg, sg, msk, xe, xo, k0, KP, BLOCK_N, BLOCK_K)
+        acc_u += tile_dot(wu, su, msk, xe, xo, k0, KP, BLOCK_N, BLOCK_K)
+    g = acc_g * (tl.load(g_ptr + e * 2, mask=jm, other=0.0) * 16384.0)[:, None]            # gate's global scale, 2^14
+    u = acc_u * (tl.load(g_ptr + e * 2 + 1, mask=jm, other=0.0) * 16384.0)[:, None]        # up's
+    pairs = m * topk + j
+    tl.store(h_ptr + pairs[:, None] * stride_hm + rows[None, :], g / (1.0 + tl.exp(-g)) * u,
+             mask=jm[:, None] & rm[None, :])                                                 # silu(g)·u, fp32
 
 @triton.jit
 def down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, H, topk,
                 stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
-                BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr):
-    "One (row block, token): out = Σ_j w_j · D[e_j] h_j for BLOCK_N output features (no atomics: j in order)."
+                KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
+    "One (row block, token): out = Σ_j w_j · D[e_j] h_j for BLOCK_N outputs, the k experts in one tile (no atomics)."
     pid_n, m = tl.program_id(0), tl.program_id(1)
+    j = tl.arange(0, KP)
+    jm = j < topk
+    pairs = m * topk + j
+    e = tl.load(ids_ptr + pairs, mask=jm, other=0).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < H
-    out = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(topk):
-        pair = m * topk + j
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            hv = tl.load(h_ptr + pair * stride_hm + k0 + tl.arange(0, BLOCK_K))           # [BK] fp32
-            acc += block_dot(w_ptr + e * stride_we, s_ptr + e * stride_se, rows, rmask, hv, k0, stride_wn, stride_sn,
-                             BLOCK_N, BLOCK_K)
-        out += tl.load(wts_ptr + pair).to(tl.float32) * tl.load(g_ptr + e) * acc
-    tl.store(o_ptr + m * stride_om + rows, out, mask=rmask)
+    rm = rows < H
+    msk = jm[:, None, None] & rm[None, :, None]
+    wp = w_ptr + e[:, None, None] * stride_we + rows[None, :, None] * stride_wn             # [KP, BN, 1]
+    sp = s_ptr + e[:, None, None] * stride_se + rows[None, :, None] * stride_sn
+    acc = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
+    hb = tl.arange(0, BLOCK_K // 2)
+    for k0 in tl.range(0, I, BLOCK_K, num_stages=NUM_STAGES):
+        hp = h_ptr + pairs[:, None] * stride_hm
+        he = tl.load(hp + (k0 + 2 * hb)[None, :], mask=jm[:, None], other=0.0)[:, None, :]      # [KP, 1, BK/2]
+        ho = tl.load(hp + (k0 + 2 * hb + 1)[None, :], mask=jm[:, None], other=0.0)[:, None, :]
+        acc += tile_dot(wp, sp, msk, he, ho, k0, KP, BLOCK_N, BLOCK_K)
+    wt = tl.load(wts_ptr + pairs, mask=jm, other=0.0) * tl.load(g_ptr + e, mask=jm, other=0.0) * 16384.0   # [KP]
+    tl.store(o_ptr + m * stride_om + rows, tl.sum(acc * wt[:, None], axis=0), mask=rm)     # in o's dtype
+
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #4f9dd033
 def _pow2(n:int)->bool: return n > 0 and n & (n - 1) == 0
@@ -160,14 +170,30 @@ def block_k_for(K:int, want:int=128)->int:
     while K % b: b //= 2
     return b
 
+@dataclass(frozen=True)
+class Tile:
+    "Launch parameters of one kernel: rows per program and inputs per step (powers of two), warps, pipeline stages."
+    block_n:int = 16
+    block_k:int = 128
+    num_warps:int = 4
+    num_stages:int = 3
+    def __post_init__(self):
+        if not _pow2(self.block_n): raise ValueError(f"block_n must be a power of two, got {self.block_n}")
+        block_k_for(16, self.block_k)                                          # validates block_k
+        if not _pow2(self.num_warps): raise ValueError(f"num_warps must be a power of two, got {self.num_warps}")
+        if self.num_stages < 1: raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
+
+GATE_UP_TILE = Tile(block_n=2, block_k=512)     # chosen on an H200 at the real shapes: benchmarks/results/moe_decode_h200.json
+DOWN_TILE = Tile(block_n=16, block_k=128)
+
 def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
                       topk_ids:torch.Tensor, # [M, k] selected experts
                       topk_weights:torch.Tensor, # [M, k] routing weights
                       w13:NVFP4Experts, # [E, 2I, K], two global-scale segments (gate, up)
                       w2:NVFP4Experts, # [E, H, I], one segment
-                      block_n:int=16, block_k:int=128, # tile sizes (powers of two)
-                      num_warps:int=4,
-                     )->torch.Tensor: # [M, H] fp32
+                      gate_up:Tile=GATE_UP_TILE, down:Tile=DOWN_TILE,
+                      out:torch.Tensor|None=None, # [M, H] to write into (any float dtype); fp32 when None
+                     )->torch.Tensor: # [M, H]
     "The routed experts of each token straight from the NVFP4 bytes: two launches, no sorting, no padding."
     M, K = x.shape
     k = topk_ids.shape[1]
@@ -178,8 +204,12 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     if I2 != I: raise ValueError(f"w2 has inner dimension {I2}, w13 gives {I} intermediate features")
     if w13.global_scale.shape[1] != 2 or w2.global_scale.shape[1] != 1:
         raise ValueError("w13 needs two global-scale segments (gate, up) and w2 one")
-    if tuple(topk_weights.shape) != (M, k): raise ValueError(f"topk_weights {list(topk_weights.shape)} != topk_ids {[M, k]}")
-    if not _pow2(block_n): raise ValueError(f"block_n must be a power of two, got {block_n}")
+    if tuple(topk_ids.shape) != (M, k) or tuple(topk_weights.shape) != (M, k):
+        raise ValueError(f"topk_ids {list(topk_ids.shape)} and topk_weights {list(topk_weights.shape)} must both be [{M}, k]")
+    if out is not None and (tuple(out.shape) != (M, H) or out.stride(1) != 1):
+        raise ValueError(f"out must be [{M}, {H}] with unit column stride, got {list(out.shape)} strides {out.stride()}")
+    for name, t in (("w13", w13), ("w2", w2)):
+        if t.packed.stride(2) != 1 or t.scale.stride(2) != 1: raise ValueError(f"{name}: packed and scale need unit inner stride")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("moe_decode_triton on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before Triton is first imported (the tests run it in a subprocess)")
@@ -187,18 +217,20 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     ids = topk_ids.to(torch.int32).contiguous()                                 # [M, k] -> pairs m·k + j
     wts = topk_weights.float().contiguous()
     h = torch.empty(M * k, I, dtype=torch.float32, device=x.device)             # silu(gate)·up per (token, expert)
-    out = torch.empty(M, H, dtype=torch.float32, device=x.device)
-    s13, s2 = w13.scale.view(torch.uint8), w2.scale.view(torch.uint8)           # FP8 bits, decoded in the kernel
+    if out is None: out = torch.empty(M, H, dtype=torch.float32, device=x.device)
+    KP = triton.next_power_of_2(k)
     cdiv = lambda a, b: -(-a // b)
-    gate_up_kernel[(cdiv(I, block_n), M * k)](
-        x, ids, w13.packed, s13, w13.global_scale.contiguous(), h, K, I, k,
-        x.stride(0), w13.packed.stride(0), w13.packed.stride(1), s13.stride(0), s13.stride(1), h.stride(0),
-        BLOCK_N=block_n, BLOCK_K=block_k_for(K, block_k), num_warps=num_warps)
-    down_kernel[(cdiv(H, block_n), M)](
-        h, ids, wts, w2.packed, s2, w2.global_scale.contiguous(), out, I, H, k,
-        h.stride(0), w2.packed.stride(0), w2.packed.stride(1), s2.stride(0), s2.stride(1), out.stride(0),
-        BLOCK_N=block_n, BLOCK_K=block_k_for(I, block_k), num_warps=num_warps)
+    g, d = gate_up, down
+    gate_up_kernel[(cdiv(I, g.block_n), M)](
+        x, ids, w13.packed, w13.scale, w13.global_scale.contiguous(), h, K, I, k,
+        x.stride(0), w13.packed.stride(0), w13.packed.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
+        KP=KP, BLOCK_N=g.block_n, BLOCK_K=block_k_for(K, g.block_k), NUM_STAGES=g.num_stages, num_warps=g.num_warps)
+    down_kernel[(cdiv(H, d.block_n), M)](
+        h, ids, wts, w2.packed, w2.scale, w2.global_scale.contiguous(), out, I, H, k,
+        h.stride(0), w2.packed.stride(0), w2.packed.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
+        KP=KP, BLOCK_N=d.block_n, BLOCK_K=block_k_for(I, d.block_k), NUM_STAGES=d.num_stages, num_warps=d.num_warps)
     return out
+
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #2f9abc22
 CHECK_CASES = (   # (E, K, I, H, M, k, block_n, block_k)
@@ -206,6 +238,8 @@ CHECK_CASES = (   # (E, K, I, H, M, k, block_n, block_k)
     (4, 128, 64, 80, 3, 4, 16, 64),
     (3, 80, 48, 24, 2, 1, 8, 128),
     (6, 256, 96, 72, 2, 3, 32, 128),
+    (9, 64, 32, 48, 2, 5, 1, 32),       # k = 5 (tiles of 8 experts, 3 masked), one row per program
+    (12, 64, 16, 16, 1, 8, 2, 512),     # BLOCK_K larger than K: the largest power of two dividing K is used
 )
 
 def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:bool=False)->list:
@@ -215,13 +249,14 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:boo
         g = torch.Generator().manual_seed(seed + i)
         w13, w2 = quantized_experts(E, K, I, H, g)
         x = torch.randn(M, K, generator=g, dtype=torch.float32).to(torch.bfloat16)
-        ids = torch.randint(0, E, (M, k), generator=g)
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)])   # distinct per token, as top-k gives
         wts = torch.rand(M, k, generator=g, dtype=torch.float32)
         ref = moe_decode_torch(x, ids, wts, w13, w2)
         if swap_nibbles:
             sw = lambda t: NVFP4Experts((t.packed >> 4) | (t.packed << 4), t.scale, t.global_scale)
             w13, w2 = sw(w13), sw(w2)
         to = lambda t: NVFP4Experts(t.packed.to(device), t.scale.to(device), t.global_scale.to(device))
-        got = moe_decode_triton(x.to(device), ids.to(device), wts.to(device), to(w13), to(w2), block_n=bn, block_k=bk)
+        t = Tile(bn, bk, num_stages=1 + i % 3)
+        got = moe_decode_triton(x.to(device), ids.to(device), wts.to(device), to(w13), to(w2), gate_up=t, down=t)
         out.append({"case": [E, K, I, H, M, k, bn, bk], "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
     return out
