@@ -137,12 +137,12 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
                  "fraction_of_bandwidth": round(nbytes / us / 1e-6 / H200_BANDWIDTH, 3)}
             res["timings"].append(r); print(json.dumps(r), flush=True); save(); return r
         def gate_up(x, i, h, t:md.Tile):
-            md.gate_up_kernel[(cdiv(I, t.block_n), M)](x, i, w13.packed, w13.scale, w13.global_scale, h, K, I, k,
+            md.moe_gate_up_kernel[(cdiv(I, t.block_n), M)](x, i, w13.packed, w13.scale, w13.global_scale, h, K, I, k,
                 x.stride(0), w13.packed.stride(0), w13.packed.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
                 KP=triton.next_power_of_2(k), BLOCK_N=t.block_n, BLOCK_K=md.block_k_for(K, t.block_k), NUM_STAGES=t.num_stages,
                 num_warps=t.num_warps)
         def down(h, i, w, t:md.Tile):
-            md.down_kernel[(cdiv(H, t.block_n), M)](h, i, w, w2.packed, w2.scale, w2.global_scale, out, I, H, k,
+            md.moe_down_kernel[(cdiv(H, t.block_n), M)](h, i, w, w2.packed, w2.scale, w2.global_scale, out, I, H, k,
                 h.stride(0), w2.packed.stride(0), w2.packed.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
                 KP=triton.next_power_of_2(k), BLOCK_N=t.block_n, BLOCK_K=md.block_k_for(I, t.block_k), NUM_STAGES=t.num_stages,
                 num_warps=t.num_warps)

@@ -38,7 +38,10 @@ the engine log `$OUT/perf_h200_<phase>.log` (the tiny dry run writes `perf_h200_
 A/B (`--phase ab`): each `--ab NAME=FLAGS` runs as its own graphs-phase child process (`--variant NAME` plus FLAGS
 plus every other flag given), one after the other in the same job, on the same machine, with the same settings;
 then `perf_h200_ab.json` holds each variant's figures and profile families and every figure's ratio to the first
-variant. `--only` limits the measurements (warm-up always runs) to save engine time.
+variant. `--only` limits the measurements (warm-up always runs) to save engine time. The A/B gives each later
+variant `AB_RESERVE_S`, which assumes warm caches: on a fresh machine the first engine spent 466 s before it was ready
+(3 min in flashinfer's all-reduce JIT, 150 s in vLLM's profiling/warm-up; 2026-11-30), past its allotment, and the
+whole call measured nothing. Warm the caches in an earlier call with the same flags and `--only warmup`.
 
 The plugin: the script calls `solar_open2.vllm.register()` itself, and, unless a `solar_open2` entry point is
 already installed, writes a throw-away `*.dist-info` holding the `vllm.general_plugins` entry point
@@ -103,8 +106,8 @@ KINDS = ("decode", "prefill", "batch", "profile")
 
 def _kinds(s:str)->tuple:
     v = tuple(x.strip() for x in s.split(",") if x.strip())
-    bad = [x for x in v if x not in KINDS]
-    if not v or bad: raise argparse.ArgumentTypeError(f"{s!r}: expected a comma-separated subset of {','.join(KINDS)}")
+    bad = [x for x in v if x not in KINDS + ("warmup",)]
+    if not v or bad: raise argparse.ArgumentTypeError(f"{s!r}: expected a comma-separated subset of {','.join(KINDS)}, or warmup")
     return v
 
 def parse_ab(specs:list)->list:
@@ -152,7 +155,8 @@ def build_parser()->argparse.ArgumentParser:
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")
     ap.add_argument("--variant", help="label of this run: result files are named perf_h200_<phase>_<variant>")
-    ap.add_argument("--only", type=_kinds, help=f"comma-separated measurements to run, of {','.join(KINDS)} (default: all)")
+    ap.add_argument("--only", type=_kinds, help=f"comma-separated measurements to run, of {','.join(KINDS)} (default: all); "
+                    "'warmup' alone starts the engine, runs the warm-up and stops (fills the JIT and compile caches)")
     ap.add_argument("--ab", action="append", metavar="NAME=FLAGS", help="--phase ab: one variant (repeat; the first is the baseline)")
     ap.add_argument("--profile", action="store_true", help="torch-profile a few decode steps (summary only in the JSON)")
     ap.add_argument("--profile-steps", type=int, default=8)

@@ -580,6 +580,13 @@ def test_only_and_variant_limit_the_measurements_and_name_the_files(tmp_path, is
     assert (r["settings"]["variant"], r["settings"]["only"]) == ("fused", ["decode", "profile"])
     assert (tmp_path / "out" / "perf_h200_graphs_fused.log").exists()
 
+def test_only_warmup_starts_the_engine_and_measures_nothing(tmp_path, isolated_env):
+    "The cache-warming run for a fresh machine: engine, warm-up, no figures."
+    rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "warmup", "--variant", "warm"], "perf_h200_graphs_warm")
+    assert rc == 0 and r["status"] == "complete" and r["figures"] == {} and not r.get("profile")
+    assert [t["what"] for t in r["timeline"][1:]] == ["warmup"]
+    with pytest.raises(SystemExit): ph.parse_args(["--phase", "graphs", "--only", "warm"])
+
 def test_only_skips_the_checks_of_what_it_does_not_measure():
     a = ph.parse_args(["--phase", "graphs", "--only", "decode,profile", "--max-model-len", "16k", "--decode-contexts", "2048"])
     assert a.prefill_contexts == [8192, 32768]                                # 32K > 16K, but prefill is not measured
