@@ -154,6 +154,10 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")
+    ap.add_argument("--compile-sizes", type=_ints, help="graphs phase: vLLM compile_sizes, batch sizes compiled as static "
+                    "graphs (with --max-autotune, the sizes inductor autotunes its GEMMs for)")
+    ap.add_argument("--max-autotune", action="store_true",
+                    help="graphs phase: inductor max_autotune (benchmarks Triton GEMM templates against cuBLAS per shape)")
     ap.add_argument("--variant", help="label of this run: result files are named perf_h200_<phase>_<variant>")
     ap.add_argument("--only", type=_kinds, help=f"comma-separated measurements to run, of {','.join(KINDS)} (default: all); "
                     "'warmup' alone starts the engine, runs the warm-up and stops (fills the JIT and compile caches)")
@@ -295,6 +299,8 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
         cc = {"cudagraph_capture_sizes": sorted(a.capture_sizes)}
         if a.compile == "none": cc.update(mode=0, cudagraph_mode="FULL_DECODE_ONLY")
         if a.allreduce_fusion is not None: cc["pass_config"] = {"fuse_allreduce_rms": a.allreduce_fusion}
+        if a.compile_sizes: cc["compile_sizes"] = sorted(a.compile_sizes)
+        if a.max_autotune: cc["inductor_compile_config"] = {"max_autotune": True}
         kw["compilation_config"] = cc
     if profile_dir:
         kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=str(profile_dir),
@@ -739,6 +745,7 @@ def settings(a, phase:str)->dict:
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
             "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj,
             "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
+            "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
             "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,
             "batch_prompt": a.batch_prompt, "batch_tokens": a.batch_tokens, "profile": a.profile,

@@ -112,6 +112,22 @@ def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
         e = ph.engine_kwargs(f, str(tmp_path), "eager")
         assert EngineArgs(**e).additional_config == {"solar_open2_fuse_kda_proj": True}
 
+def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
+    a = ph.parse_args(["--phase", "graphs"])
+    cc = ph.engine_kwargs(a, str(tmp_path), "graphs")["compilation_config"]
+    assert "compile_sizes" not in cc and "inductor_compile_config" not in cc
+    b = ph.parse_args(["--phase", "graphs", "--compile-sizes", "8,1,2,4", "--max-autotune"])
+    cc = ph.engine_kwargs(b, str(tmp_path), "graphs")["compilation_config"]
+    assert cc["compile_sizes"] == [1, 2, 4, 8] and cc["inductor_compile_config"] == {"max_autotune": True}
+    s = ph.settings(b, "graphs")
+    assert (s["compile_sizes"], s["max_autotune"]) == ([8, 1, 2, 4], True)
+    assert (ph.settings(b, "eager")["compile_sizes"], ph.settings(b, "eager")["max_autotune"]) == (None, False)
+    if importlib.util.find_spec("vllm") is not None:
+        from vllm.config import CompilationConfig
+        c = CompilationConfig(**cc)
+        assert c.compile_sizes == [1, 2, 4, 8] and c.inductor_compile_config["max_autotune"] is True
+        assert c.inductor_compile_config["combo_kernels"] is True               # vLLM's own entries are kept
+
 def test_allreduce_fusion_flag_reaches_the_pass_config_and_the_settings(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
     assert a.allreduce_fusion is None and "pass_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")["compilation_config"]

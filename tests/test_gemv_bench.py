@@ -1,0 +1,59 @@
+"The dense-GEMV benchmark script (benchmarks/gemv_h200.py): shapes from the config, its logic on the CPU, its GPU run."
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gemv_h200.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+def test_shapes_are_the_real_per_rank_projections_and_their_bytes_match_the_budget():
+    import gemv_h200 as g
+    from solar_open2 import budget
+    from solar_open2.config import SolarOpen2Config
+    cfg = SolarOpen2Config.real()
+    s = {x["name"]: x for x in g.dense_shapes(cfg)}
+    assert (s["kda.qkvb_proj"]["N"], s["kda.o_proj"]["K"], s["gqa.qkv_proj"]["N"], s["router"]["N"]) == (12320, 4096, 5120, 320)
+    assert sum(x["per_step"] for x in s.values() if x["name"].startswith("kda")) == 5 * 36 and s["lm_head"]["per_step"] == 1
+    step = sum(x["per_step"] * x["N"] * x["K"] * (4 if x["dtype"] == "float32" else 2) for x in s.values())
+    p = budget.decode_bytes(cfg, 2, 2048, by_part=True)
+    dense = p["gqa_proj"] + p["kda_proj"] + p["shared_expert"] + p["router"] + p["lm_head"]
+    assert abs(step - dense) / dense < 0.01, (step, dense)       # the budget's dense bytes per step, within its small extras
+
+def test_no_gpu_exits_2_and_bad_flags_name_themselves():
+    if torch.cuda.is_available(): pytest.skip("has a GPU")
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), "--methods", "cublas,fast"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--methods" in r.stderr
+
+def test_run_on_cpu_under_the_interpreter(tmp_path):
+    "Checks, timing loop, weight copies, per-step totals and JSON, with small shapes, Triton's interpreter, a fake timer."
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import gemv_h200 as g
+shapes = [dict(name="a", N=40, K=64, dtype="bfloat16", per_step=3), dict(name="r", N=24, K=32, dtype="float32", per_step=2)]
+res = g.run(tokens=(1, 3), methods=("cublas", "triton"), tiles=((16, 32, 4, 1), (32, 64, 4, 2)), reps=1, deadline_s=600,
+            out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=shapes, l2_bytes=20000, max_copies=4,
+            timer=lambda fns, reps: ([f() for f in fns], 2.0 + len(fns))[1])
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert not [t for t in res["timings"] if "error" in t] and not res["skipped"]
+    assert all(c["rel_err"] < (1e-5 if c["shape"] == "r" else 2e-2) for c in res["checks"]) and len(res["checks"]) == 12
+    a1 = [t for t in res["timings"] if t["tokens"] == 1 and t["shape"] == "a"]
+    assert [t["method"] for t in a1] == ["cublas", "triton", "triton"] and a1[0]["copies"] == 4   # 20 kB / 5,120 B -> 4
+    assert [t["copies"] for t in res["timings"] if t["shape"] == "r"][0] == 4                     # capped at max_copies
+    assert sum(1 for t in res["timings"] if t.get("best_of_method")) == 2 * 2 * 2                 # tokens x shapes x methods
+    assert res["step_us"] == {"cublas_M1": 3 * 6.0 + 2 * 6.0, "triton_M1": 30.0, "cublas_M3": 30.0, "triton_M3": 30.0}
+    assert res["step_bytes"] == 3 * 40 * 64 * 2 + 2 * 24 * 32 * 4
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_methods_match_and_time(tmp_path):
+    import gemv_h200 as g
+    res = g.run(tokens=(1,), methods=("cublas", "triton"), tiles=((16, 256, 4, 3),), reps=5, out_paths=[tmp_path / "r.json"])
+    assert not [t for t in res["timings"] if "error" in t] and set(res["step_us"]) == {"cublas_M1", "triton_M1"}
