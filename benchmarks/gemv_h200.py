@@ -29,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from cuda_timing import time_graph                             # noqa: E402  (the benchmarks' shared timer)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -98,26 +100,6 @@ def triton_linear(x, w, tile):
                                BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=ns, IEEE=w.dtype == torch.float32, UPCAST=not x.is_cuda,
                                num_warps=nw)
     return out
-
-def time_graph(fns:list, reps:int)->float:
-    "Microseconds per call: the calls in `fns` (each on its own weight copy) captured in one CUDA graph, replayed."
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for f in fns: f()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns: f()
-    for _ in range(3): graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps): graph.replay()
-    end.record(); torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / reps / len(fns)
 
 METHODS = ("cublas", "triton", "autotune")
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from cuda_timing import time_graph                             # noqa: E402  (the benchmarks' shared timer)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config, nvfp4_bytes   # noqa: E402
 
@@ -63,28 +65,6 @@ def routing(M, E, k, device, seed=0):
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).to(device)
     wts = torch.softmax(torch.randn(M, k, generator=g, dtype=torch.float32), -1).to(device)
     return ids, wts
-
-def time_graph(fns:list, reps:int)->float:
-    """Microseconds per call: the calls in `fns` (one per routing, so the experts they read differ) captured once in a
-    CUDA graph, the graph replayed `reps` times. Rotating routings keeps the selected experts out of the 50 MB L2, as
-    in the engine, where every layer reads other weights; replaying one routing would time L2 hits."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for f in fns: f()                                          # compile + warm
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns: f()
-    for _ in range(3): graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps): graph.replay()
-    end.record(); torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / reps / len(fns)
 
 GATE_UP_TILES = ((2, 512, 4, 3), (1, 1024, 4, 3), (1, 512, 4, 3), (2, 1024, 4, 3), (4, 512, 4, 3), (2, 512, 8, 3),
                  (2, 256, 4, 3), (2, 512, 4, 1))

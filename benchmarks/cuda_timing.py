@@ -1,0 +1,24 @@
+"""The one timer of the single-GPU kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`)."""
+
+def time_graph(fns:list, reps:int)->float:
+    """Microseconds per call: the calls in `fns` captured once in one CUDA graph (as the engine replays them), the graph
+    replayed `reps` times, timed with CUDA events. Give each call other data (another routing, another weight copy)
+    so that what one call reads is not in the 50 MB L2 from the previous one, as in the engine, where every layer
+    reads other weights; replaying one call would time L2 hits."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            for f in fns: f()                                          # compile + warm
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fns: f()
+    for _ in range(3): graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps): graph.replay()
+    end.record(); torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / reps / len(fns)
