@@ -72,6 +72,7 @@ SHIM_DIST = "solar_open2_perf_plugin_shim-0.0.0.dist-info"
 # Set in this process before vllm is imported; inherited by every process vLLM starts.
 RUN_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "TRITON_CACHE_AUTOTUNING": "1",
+           "TRITON_PRINT_AUTOTUNING": "1",
            "VLLM_USE_FLASHINFER_SAMPLER": "0", "TOKENIZERS_PARALLELISM": "false"}
 # Forced: NVLink multicast stays off on the lent machines. vLLM's all-reduce fusion auto-selects flashinfer's "mnnvl"
 # backend (multicast); with multicast off it initialised and then hit an illegal memory access in the profile run
@@ -466,6 +467,19 @@ _PATTERNS = {
                                        r"fusion is not supported)"),
 }
 _COMM = re.compile(r"all.?reduce|custom.?ar\b|symm.?mem|nccl", re.I)
+_PROC = re.compile(r"^\([^()]*? pid=\d+\)\s?")
+_AUTOTUNE = re.compile(r"Triton autotuning for function (\w+),\s*with key as .*?,\s*finished after ([\d.]+)s", re.S)
+
+def autotune_summary(text:str, top:int=12)->dict:
+    """Triton's autotuning in an engine log (`TRITON_PRINT_AUTOTUNING=1` prints one block per tuned key, not cached
+    ones): how many, how long in all, and the functions that took longest (per process, so TP ranks add up)."""
+    plain = "\n".join(_PROC.sub("", _ANSI.sub("", l).replace("\r", "")) for l in text.splitlines())
+    by = {}
+    for name, sec in _AUTOTUNE.findall(plain):
+        n, t = by.get(name, (0, 0.0)); by[name] = (n + 1, t + float(sec))
+    worst = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"runs": sum(n for n, _ in by.values()), "seconds": round(sum(t for _, t in by.values()), 2),
+            "by_function": {k: {"runs": n, "seconds": round(t, 2)} for k, (n, t) in worst}}
 
 def log_records(text:str)->list:
     "vLLM log lines as dicts (proc, pid, level, src, msg); other lines are skipped."
@@ -517,6 +531,7 @@ def parse_engine_log(text:str)->dict:
             elif key == "engine_config": r["vllm_version_logged"], r[key] = g[0], g[1][:3000]
             elif key == "allreduce_fusion_off":
                 if g[0] not in r[key]: r[key].append(g[0])                  # why vLLM left the fusion pass out
+    r["autotune"] = autotune_summary(text)
     return r
 
 # --------------------------------------------------------------------------------------------------------------
@@ -942,6 +957,10 @@ def summary_text(res:dict)->str:
     lf = (res.get("engine") or {}).get("log_final") or {}
     if lf: lines.append(f"  NvFp4 MoE backend: {lf.get('nvfp4_moe_backend')}; attention: {lf.get('attention_backends')}; "
                         f"all-reduce fusion left out: {'; '.join(lf.get('allreduce_fusion_off') or []) or 'no'}")
+    at = lf.get("autotune") or {}
+    if at.get("runs"): lines.append(f"  engine start: init {lf.get('init_engine_s')} s (compile {lf.get('compilation_s')} s); "
+                                    f"Triton autotuning {at['runs']} keys, {at['seconds']} s over all processes, most: "
+                                    + ", ".join(f"{k} {v['seconds']} s" for k, v in list(at["by_function"].items())[:3]))
     p = res.get("profile")
     if p and p.get("families"):
         lines.append("  profile (us/step): " + ", ".join(f"{r['family']} {r['us_per_step']}" for r in p["families"][:6]))

@@ -243,6 +243,19 @@ def _sample_log(tokens="591,969", conc="14.45"):
     (Worker_TP1 pid=4202) ERROR 11-30 10:03:42 [gpu_worker.py:1] something went wrong once
     """)
 
+def test_parse_engine_log_sums_triton_autotuning_per_function():
+    block = ("(Worker_TP{r} pid=4{r}) Triton autotuning for function chunk_kda_fwd_kernel,\n(Worker_TP{r} pid=4{r}) with key as "
+             "(8192, 64, 'torch.bfloat16'),\n(Worker_TP{r} pid=4{r}) finished after {s}s,\n(Worker_TP{r} pid=4{r}) best "
+             "config selected: BLOCK_K: 64, num_warps: 4;\n")
+    other = "Triton autotuning for function l2norm_fwd_kernel,\nwith key as (128,),\nfinished after 0.50s,\nbest config selected: x;\n"
+    a = ph.parse_engine_log(_sample_log() + block.format(r=0, s="12.25") + block.format(r=1, s="11.75") + other)["autotune"]
+    assert a == {"runs": 3, "seconds": 24.5, "by_function": {"chunk_kda_fwd_kernel": {"runs": 2, "seconds": 24.0},
+                                                             "l2norm_fwd_kernel": {"runs": 1, "seconds": 0.5}}}
+    assert ph.parse_engine_log(_sample_log())["autotune"] == {"runs": 0, "seconds": 0.0, "by_function": {}}
+    assert ph.RUN_ENV["TRITON_PRINT_AUTOTUNING"] == "1"
+    txt = ph.summary_text({"phase": "graphs", "figures": {}, "engine": {"log_final": {"autotune": a, "init_engine_s": 186.6}}})
+    assert "Triton autotuning 3 keys, 24.5 s over all processes, most: chunk_kda_fwd_kernel 24.0 s" in txt
+
 def test_parse_engine_log():
     r = ph.parse_engine_log(_sample_log())
     assert (r["kv_cache_tokens"], r["max_concurrency"], r["max_concurrency_len"]) == (591969, 14.45, 40960)
