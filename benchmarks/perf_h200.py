@@ -699,6 +699,45 @@ def summarize_trace(trace:dict, steps:int|None=None, top_n:int=25)->dict:
             "top_kernels": [{"name": n[:160], "family": v[0], "count": v[1], "us": round(v[2], 1),
                              "avg_us": round(v[2] / v[1], 2)} for n, v in top]}
 
+SEGMENT_KINDS = (("kda mixer", re.compile(r"gated_delta_rule|chunk_kda|kda_", re.I)),
+                 ("attention mixer", re.compile(r"flash|attention|attn", re.I)),
+                 ("moe", re.compile(r"topk|top_k|moe|marlin|expert", re.I)))
+
+def layer_segments(trace:dict, min_segments:int=2)->dict:
+    """A decode step's GPU kernels cut at every all-reduce into the pieces between them: a KDA or attention mixer, or
+    a MoE, each named by the kernels it holds. Per kind, the most common kernel sequence (its `signature`), with the
+    median duration and the stream of each kernel over the segments that have it, the median sum of kernel time and
+    the median span from the first start to the last end (kernels on a second stream overlap; gaps count)."""
+    ev = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    gpu = sorted((e for e in ev if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: e["ts"])
+    segs, cur = [], None
+    for e in gpu:
+        if classify_kernel(str(e.get("name", "")), e["cat"]) == "allreduce":
+            if cur: segs.append(cur)
+            cur = []
+        elif cur is not None: cur.append(e)
+    kinds = {}
+    for seg in segs:
+        names = " ".join(str(e.get("name", "")) for e in seg)
+        kind = next((k for k, pat in SEGMENT_KINDS if pat.search(names)), None)
+        if kind: kinds.setdefault(kind, []).append(seg)
+    med = lambda v: statistics.median(v) if v else None
+    out = {}
+    for kind, ss in kinds.items():
+        sig = lambda seg: tuple(str(e.get("name", ""))[:80] for e in seg)
+        counts = {}
+        for seg in ss: counts[sig(seg)] = counts.get(sig(seg), 0) + 1
+        best, n = max(counts.items(), key=lambda kv: kv[1])
+        if n < min_segments: continue
+        same = [seg for seg in ss if sig(seg) == best]
+        out[kind] = {"segments": len(ss), "with_signature": n,
+                     "kernel_us": round(med([sum(float(e.get("dur", 0)) for e in seg) for seg in same]), 2),
+                     "span_us": round(med([max(e["ts"] + e.get("dur", 0) for e in seg) - seg[0]["ts"] for seg in same]), 2),
+                     "kernels": [{"name": best[i], "stream": same[0][i].get("args", {}).get("stream"),
+                                  "us": round(med([float(seg[i].get("dur", 0)) for seg in same]), 2)} for i in range(len(best))]}
+    return out
+
 def load_trace(path:Path)->dict:
     op = gzip.open if str(path).endswith(".gz") else open
     with op(path, "rt") as f: return json.load(f)
@@ -1165,9 +1204,22 @@ def read_log(path:Path=RESULTS / LOG_FILE)->list:
     p = Path(path)
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 
+def cli_layers(argv:list)->int:
+    "`perf_h200.py layers TRACE`: the kernels of each kind of segment between two all-reduces, as a table."
+    ap = argparse.ArgumentParser(prog="perf_h200.py layers", description=cli_layers.__doc__)
+    ap.add_argument("trace", type=Path, help="a torch-profiler Chrome trace (.json or .json.gz), e.g. one kept by --keep-trace")
+    a = ap.parse_args(argv)
+    if not a.trace.exists(): ap.error(f"no such trace file: {a.trace}")
+    for kind, seg in layer_segments(load_trace(a.trace)).items():
+        print(f"{kind}: {seg['segments']} segments, {seg['with_signature']} with the sequence below; median kernels "
+              f"{seg['kernel_us']} us, span {seg['span_us']} us")
+        for k in seg["kernels"]: print(f"  {k['us']:8.2f} us  stream {k['stream']}  {k['name']}")
+    return 0
+
 def main(argv:list|None=None)->int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["log"]: return cli_log(argv[1:])
+    if argv[:1] == ["layers"]: return cli_layers(argv[1:])
     a = parse_args(argv)
     if a.phase == "merge": return run_merge(a)
     if a.phase == "all": return run_all(a, argv)

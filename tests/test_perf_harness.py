@@ -439,6 +439,38 @@ def test_summarize_trace():
     assert rows["allreduce"]["measured_over_predicted"] is None and rows["attention"]["measured_us_per_step"] is None
     assert ph._busy_us([(0, 10), (5, 12), (20, 21)]) == 13
 
+def _layer_trace(layers=3):
+    "Synthetic decode step: per layer an all-reduce, a KDA mixer, an all-reduce, a MoE with a shared expert on stream 2."
+    ev, t = [], 0.0
+    def k(name, dur, stream=7, gap=1.0):
+        nonlocal t
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": dur, "args": {"stream": stream}}); t += dur + gap
+    for i in range(layers):
+        k("allreduce_fusion_kernel_oneshot_lamport", 5)
+        k("nvjet_qkvb", 28 + i); k("kda_gate_fwd_kernel", 2); k("fused_recurrent_gated_delta_rule_fwd_kernel", 4)
+        k("allreduce_fusion_kernel_oneshot_lamport", 5)
+        k("gemvx_router", 5); k("grouped_topk_kernel", 4)
+        ev.append({"ph": "X", "cat": "kernel", "name": "nvjet_shared", "ts": t, "dur": 6, "args": {"stream": 9}})   # overlaps
+        k("marlin_moe_gemm", 16 if i != 1 else 18, gap=0.0)
+    k("allreduce_fusion_kernel_oneshot_lamport", 5)
+    return {"traceEvents": ev}
+
+def test_layer_segments_cut_at_allreduces_and_take_medians(tmp_path):
+    seg = ph.layer_segments(_layer_trace(3))
+    assert set(seg) == {"kda mixer", "moe"}
+    kda, moe = seg["kda mixer"], seg["moe"]
+    assert (kda["segments"], kda["with_signature"]) == (3, 3) and [x["us"] for x in kda["kernels"]] == [29, 2, 4]
+    assert kda["kernel_us"] == 35 and kda["span_us"] == 37                  # median layer: 29 + 1 + 2 + 1 + 4
+    assert [x["name"] for x in moe["kernels"]] == ["gemvx_router", "grouped_topk_kernel", "nvjet_shared", "marlin_moe_gemm"]
+    assert [x["stream"] for x in moe["kernels"]] == [7, 7, 9, 7] and moe["kernels"][3]["us"] == 16
+    assert moe["span_us"] == 5 + 1 + 4 + 1 + 16                            # the shared expert overlaps the GEMM
+    assert ph.layer_segments(_layer_trace(1)) == {}                          # one segment of a kind: no median
+    p = tmp_path / "t.json"; p.write_text(json.dumps(_layer_trace(3)))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_h200.py"), "layers", str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "kda mixer: 3 segments, 3 with the sequence below" in r.stdout and "stream 9  nvjet_shared" in r.stdout
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_h200.py"), "layers", str(tmp_path / "none.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no such trace file" in r.stderr
+
 def test_trace_files_rank0_first(tmp_path):
     import gzip
     for n in ("dp0_pp0_tp1_dcp0_ep0_rank1.123.pt.trace.json.gz", "dp0_pp0_tp0_dcp0_ep0_rank0.124.pt.trace.json.gz"):
