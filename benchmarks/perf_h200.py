@@ -105,6 +105,12 @@ def _ints(s:str)->list:
 
 KINDS = ("decode", "prefill", "batch", "profile")
 
+def _env_pair(s:str)->tuple:
+    k, sep, v = s.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a variable name, got {s!r}")
+    return k, v
+
 def _kinds(s:str)->tuple:
     v = tuple(x.strip() for x in s.split(",") if x.strip())
     bad = [x for x in v if x not in KINDS + ("warmup",)]
@@ -159,6 +165,9 @@ def build_parser()->argparse.ArgumentParser:
                     "graphs (with --max-autotune, the sizes inductor autotunes its GEMMs for)")
     ap.add_argument("--max-autotune", action="store_true",
                     help="graphs phase: inductor max_autotune (benchmarks Triton GEMM templates against cuBLAS per shape)")
+    ap.add_argument("--env", type=_env_pair, action="append", metavar="KEY=VALUE",
+                    help="an environment variable for the engine (repeat), applied after the harness's own, e.g. "
+                         "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1; recorded in the settings")
     ap.add_argument("--variant", help="label of this run: result files are named perf_h200_<phase>_<variant>")
     ap.add_argument("--only", type=_kinds, help=f"comma-separated measurements to run, of {','.join(KINDS)} (default: all); "
                     "'warmup' alone starts the engine, runs the warm-up and stops (fills the JIT and compile caches)")
@@ -258,10 +267,11 @@ def prepend_path(env:dict, *dirs)->str:
     env["PYTHONPATH"] = os.pathsep.join(new)
     return env["PYTHONPATH"]
 
-def setup_environment(shim_root:Path|None)->dict:
-    "Process-wide environment for the run; returns what was set (recorded in the JSON)."
+def setup_environment(shim_root:Path|None, extra:dict|None=None)->dict:
+    "Process-wide environment for the run (`extra`: `--env` settings, applied last); returns what was set (in the JSON)."
     for k, v in RUN_ENV.items(): os.environ.setdefault(k, v)
     os.environ.update(NVLINK_ENV)
+    os.environ.update(extra or {})
     dirs = [ROOT] + ([shim_root] if shim_root else [])
     prepend_path(os.environ, *dirs)
     for d in reversed(dirs):
@@ -270,7 +280,7 @@ def setup_environment(shim_root:Path|None)->dict:
         os.environ["VLLM_PLUGINS"] += ",solar_open2"
     import importlib; importlib.invalidate_caches()
     keys = list(RUN_ENV) + list(NVLINK_ENV) + ["PYTHONPATH", "VLLM_PLUGINS", "VLLM_WORKER_MULTIPROC_METHOD",
-                                               "CUDA_VISIBLE_DEVICES", "VLLM_ALLREDUCE_USE_SYMM_MEM"]
+                                               "CUDA_VISIBLE_DEVICES", "VLLM_ALLREDUCE_USE_SYMM_MEM"] + list(extra or {})
     return {k: os.environ.get(k) for k in keys}
 
 def register_plugin()->str:
@@ -800,6 +810,7 @@ def settings(a, phase:str)->dict:
             "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj,
             "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
             "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
+            "env": dict(a.env or []),
             "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,
             "batch_prompt": a.batch_prompt, "batch_tokens": a.batch_tokens, "profile": a.profile,
@@ -926,7 +937,7 @@ def run_phase(a, phase:str, argv:list)->int:
     if log_path.exists(): log_path.unlink()
     shim = None
     if not a.no_shim and installed_entry_point() is None: shim = write_plugin_shim(work / "plugin_shim")
-    res["env"] = setup_environment(shim)
+    res["env"] = setup_environment(shim, dict(a.env or []))
     res["gpu"] = gpu_info()
     res["kv_pool"] = {"predicted": kv_prediction(a)}
     cfg = model_config(a.config)

@@ -196,6 +196,19 @@ def test_prepend_path_and_environment(tmp_path, monkeypatch):
     assert os.environ["PYTHONPATH"].split(":")[:2] == [str(ph.ROOT), str(tmp_path)] and os.environ["PYTHONPATH"].endswith(":/x")
     assert os.environ["VLLM_PLUGINS"] == "lora_filesystem_resolver,solar_open2"
     assert rec["TRITON_CACHE_AUTOTUNING"] == os.environ["TRITON_CACHE_AUTOTUNING"]
+    monkeypatch.delenv("VLLM_DISABLE_SHARED_EXPERTS_STREAM", raising=False)
+    rec = ph.setup_environment(tmp_path, {"VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1", "NCCL_NVLS_ENABLE": "0"})
+    assert rec["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] == os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] == "1"
+
+def test_env_flag_parses_repeats_and_names_bad_pairs():
+    a = ph.parse_args(["--phase", "graphs", "--env", "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1", "--env", "X_Y=a=b"])
+    assert a.env == [("VLLM_DISABLE_SHARED_EXPERTS_STREAM", "1"), ("X_Y", "a=b")]
+    assert ph.settings(a, "graphs")["env"] == {"VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1", "X_Y": "a=b"}
+    assert ph.settings(ph.parse_args(["--phase", "graphs"]), "graphs")["env"] == {}
+    for bad in ("NOVALUE", "1X=2", "=3"):
+        with pytest.raises(SystemExit): ph.parse_args(["--phase", "graphs", "--env", bad])
+    assert ph.parse_ab(["seq=--moe-backend emulation --env VLLM_DISABLE_SHARED_EXPERTS_STREAM=1"]) == \
+        [("seq", ["--moe-backend", "emulation", "--env", "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1"])]
 
 # --------------------------------------------------------------------------------------------------------------
 # log capture and parsing
