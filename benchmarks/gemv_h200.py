@@ -129,20 +129,21 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
             compiled[(x.shape, w.shape, w.dtype)] = torch.compile(lambda a, b: F.linear(a, b), mode="max-autotune-no-cudagraphs",
                                                                  dynamic=False, fullgraph=True)
         return compiled[(x.shape, w.shape, w.dtype)](x, w)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    for M in tokens:
-        for sh in shapes:
-            dt = getattr(torch, sh["dtype"])
-            nbytes = sh["N"] * sh["K"] * dt.itemsize
-            copies = max(1, min(max_copies, int(-(-l2_bytes // nbytes))))
-            ws = [(torch.randn(sh["N"], sh["K"], generator=g) / sh["K"] ** 0.5).to(dt).to(device) for _ in range(copies)]
-            xs = [torch.randn(M, sh["K"], generator=g).to(dt).to(device) for _ in range(copies)]
-            ref = xs[0].double() @ ws[0].double().T
-            for method in methods:
+    g = torch.Generator(device=device).manual_seed(0)
+    for method in methods:                     # method by method: the slow autotune last, so a deadline cuts only it
+        for M in tokens:
+            for sh in shapes:
+                dt = getattr(torch, sh["dtype"])
+                nbytes = sh["N"] * sh["K"] * dt.itemsize
+                copies = max(1, min(max_copies, int(-(-l2_bytes // nbytes))))
                 variants = [(t,) for t in tiles] if method == "triton" else [(None,)]
+                keys = [{"tokens": M, "shape": sh["name"], "method": method, "tile": list(t) if t else None} for (t,) in variants]
+                if late(): res["skipped"].extend(keys); continue
+                ws = [(torch.randn(sh["N"], sh["K"], generator=g, device=device) / sh["K"] ** 0.5).to(dt) for _ in range(copies)]
+                xs = [torch.randn(M, sh["K"], generator=g, device=device).to(dt) for _ in range(copies)]
+                ref = xs[0].double() @ ws[0].double().T
                 best = None
-                for (tile,) in variants:
-                    key = {"tokens": M, "shape": sh["name"], "method": method, "tile": list(tile) if tile else None}
+                for (tile,), key in zip(variants, keys):
                     if late(): res["skipped"].append(key); continue
                     try:
                         got = call(method, xs[0], ws[0], tile)
@@ -156,7 +157,7 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
                     res["timings"].append(row); print(json.dumps(row), flush=True); save()
                     if best is None or row["us"] < best["us"]: best = row
                 if best: best["best_of_method"] = True
-            del ws, xs
+                del ws, xs
     for M in tokens:
         for method in methods:
             b = {r["shape"]: r["us"] for r in res["timings"] if r.get("best_of_method") and r["tokens"] == M and r["method"] == method}
