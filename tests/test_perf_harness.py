@@ -126,7 +126,8 @@ def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
         from vllm.config import CompilationConfig
         c = CompilationConfig(**cc)
         assert c.compile_sizes == [1, 2, 4, 8] and c.inductor_compile_config["max_autotune"] is True
-        assert c.inductor_compile_config["combo_kernels"] is True               # vLLM's own entries are kept
+        default = CompilationConfig().inductor_compile_config                 # what vLLM sets here (platform-dependent)
+        assert all(c.inductor_compile_config[k] == v for k, v in default.items())   # vLLM's own entries are kept
 
 def test_allreduce_fusion_flag_reaches_the_pass_config_and_the_settings(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
