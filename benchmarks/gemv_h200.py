@@ -24,13 +24,13 @@ with the profile's dense-GEMM family. Needs only torch and triton (no vLLM, no s
 Output: `benchmarks/results/gemv_h200.json` (and `$OUT/` when set), written after every timing.
 """
 from __future__ import annotations
-import argparse, datetime, json, os, platform, subprocess, sys, time
+import argparse, datetime, json, os, platform, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cuda_timing import time_graph                             # noqa: E402  (the benchmarks' shared timer)
+from kernel_bench import git_commit, int_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -113,7 +113,7 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
     res = {"schema": 1, "benchmark": "gemv_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
-           "versions": {"torch": torch.__version__, "python": platform.python_version()}, "git_commit": _git_commit(),
+           "versions": {"torch": torch.__version__, "python": platform.python_version()}, "git_commit": git_commit(ROOT),
            "tp": TP, "shapes": shapes, "tiles": [list(t) for t in tiles], "bandwidth_Bps": budget.BANDWIDTH["h200"],
            "timings": [], "checks": [], "skipped": [], "step_us": {}}
     def save():
@@ -168,14 +168,6 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
     save()
     return res
 
-def _git_commit()->str|None:
-    try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception: return None
-
-def _ints(s:str)->tuple:
-    try: return tuple(int(v) for v in s.split(","))
-    except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
-
 def _methods(s:str)->tuple:
     v = tuple(x for x in s.split(",") if x)
     if not v or set(v) - set(METHODS): raise argparse.ArgumentTypeError(f"expected a subset of {','.join(METHODS)}, got {s!r}")
@@ -183,7 +175,7 @@ def _methods(s:str)->tuple:
 
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=_ints, default=(1, 8))
+    ap.add_argument("--tokens", type=int_list, default=(1, 8))
     ap.add_argument("--methods", type=_methods, default=METHODS)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--deadline-s", type=float, default=240.0, help="start no timing after this many seconds")

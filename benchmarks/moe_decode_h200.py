@@ -17,13 +17,13 @@ matters is an engine A/B once the kernels are wired in; this script decides whet
 Output: `benchmarks/results/moe_decode_h200.json` (and `$OUT/` when set), written after every configuration.
 """
 from __future__ import annotations
-import argparse, datetime, json, os, platform, subprocess, sys, time
+import argparse, datetime, json, os, platform, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cuda_timing import time_graph                             # noqa: E402  (the benchmarks' shared timer)
+from kernel_bench import git_commit, int_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config, nvfp4_bytes   # noqa: E402
 
@@ -84,7 +84,7 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
     res = {"schema": 2, "benchmark": "moe_decode_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else dev, "versions": {"torch": torch.__version__, "triton": triton.__version__,
-           "python": platform.python_version()}, "git_commit": _git_commit(), "shapes": shp, "rotations": rotations,
+           "python": platform.python_version()}, "git_commit": git_commit(ROOT), "shapes": shp, "rotations": rotations,
            "bandwidth_Bps": H200_BANDWIDTH, "marlin_profile": MARLIN_PROFILE, "checks": [], "timings": [], "skipped": []}
     def save():
         for p in out_paths:
@@ -150,21 +150,13 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
     save()
     return res
 
-def _git_commit()->str|None:
-    try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception: return None
-
 def _tiles(s:str)->tuple:
     try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
     except ValueError: raise argparse.ArgumentTypeError(f"expected BLOCK_NxBLOCK_KxWARPSxSTAGES[,...], got {s!r}")
 
-def _ints(s:str)->tuple:
-    try: return tuple(int(v) for v in s.split(","))
-    except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
-
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=_ints, default=(1, 2, 4, 8))
+    ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
     ap.add_argument("--gate-up-tiles", type=_tiles, default=GATE_UP_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
     ap.add_argument("--down-tiles", type=_tiles, default=DOWN_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
     ap.add_argument("--reps", type=int, default=50)

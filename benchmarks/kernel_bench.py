@@ -1,4 +1,7 @@
-"""The one timer of the single-GPU kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`)."""
+"""What the single-GPU kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`) share: the CUDA-graph timer, the commit,
+the integer-list flag."""
+import argparse, subprocess
+from pathlib import Path
 
 def time_graph(fns:list, reps:int)->float:
     """Microseconds per call: the calls in `fns` captured once in one CUDA graph (as the engine replays them), the graph
@@ -22,3 +25,13 @@ def time_graph(fns:list, reps:int)->float:
     for _ in range(reps): graph.replay()
     end.record(); torch.cuda.synchronize()
     return 1e3 * start.elapsed_time(end) / reps / len(fns)
+
+def git_commit(root:Path)->str|None:
+    "HEAD of the checkout at `root` (None outside git, as on a copied tree)."
+    try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except Exception: return None
+
+def int_list(s:str)->tuple:
+    "argparse type: comma-separated integers."
+    try: return tuple(int(v) for v in s.split(","))
+    except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
