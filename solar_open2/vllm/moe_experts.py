@@ -31,13 +31,9 @@ class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
 
     def process_weights_after_loading(self, layer:torch.nn.Module)->None:
         super().process_weights_after_loading(layer)
-        if hasattr(layer, "w13_weight_global_scale"):                      # compressed-tensors: divisors, [E, 2]
-            g13 = 1.0 / layer.w13_weight_global_scale.detach().float().reshape(layer.w13_weight_global_scale.shape[0], -1)
-            g2 = 1.0 / layer.w2_weight_global_scale.detach().float().reshape(-1, 1)
-        else:                                                               # one multiplier per expert and matrix
-            g13, g2 = self.quant_config.g1_alphas.float().reshape(-1, 1), self.quant_config.g2_alphas.float().reshape(-1, 1)
-        self.g13 = g13.expand(-1, 2).contiguous() if g13.shape[1] == 1 else g13.contiguous()   # [E, 2] gate, up
-        self.g2 = g2.contiguous()                                                                # [E, 1]
+        E = layer.w13_weight_global_scale.shape[0]                           # compressed-tensors: divisors, [E, 2] and [E]
+        self.g13 = (1.0 / layer.w13_weight_global_scale.detach().float().reshape(E, 2)).contiguous()   # [E, 2] gate, up
+        self.g2 = (1.0 / layer.w2_weight_global_scale.detach().float().reshape(E, 1)).contiguous()     # [E, 1]
         self.g_seg = (self.g13[:, 0].contiguous(), self.g13[:, 1].contiguous(), self.g2.view(-1))   # [E] each
         self._stacked = None
 
@@ -85,11 +81,13 @@ class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
 # %% ../../nbs/08g_vllm_moe_experts.ipynb #b8e0a008
 def use_triton_experts(moe:torch.nn.Module)->bool:
     """Make a vLLM MoE layer (the `FusedMoE` runner or its `routed_experts`) build `TritonNVFP4Experts` when vLLM's NVFP4
-    oracle picked the emulation backend (`moe_backend="emulation"`: the one that keeps the raw layout). Call before
-    weights load. Returns whether it did."""
+    oracle picked the emulation backend (`moe_backend="emulation"`: the one that keeps the raw layout) for a
+    compressed-tensors checkpoint (per-matrix global scales kept on the layer). Call before weights load. Returns
+    whether it did."""
     routed = getattr(moe, "routed_experts", moe)
     qm = getattr(routed, "quant_method", None)
     if getattr(qm, "experts_cls", None) is not Nvfp4QuantizationEmulationTritonExperts: return False
+    if not hasattr(routed, "w13_weight_global_scale"): return False   # ModelOpt keeps one w13 scale after loading: vLLM's own
     qm.experts_cls = TritonNVFP4Experts
     logger.info_once("solar_open2: routed experts through TritonNVFP4Experts (moe_backend=emulation, chapter 08g)")
     return True
