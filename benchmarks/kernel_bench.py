@@ -1,5 +1,5 @@
-"""What the single-GPU kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`) share: the CUDA-graph timer, the commit,
-the integer-list flag."""
+"""What the benchmark scripts share: the CUDA-graph timer and the integer-list flag of the single-GPU kernel benchmarks
+(`moe_decode_h200.py`, `gemv_h200.py`), and the commit every result JSON records (those two and `perf_h200.py`)."""
 import argparse, subprocess
 from pathlib import Path
 
@@ -29,7 +29,7 @@ def time_graph(fns:list, reps:int)->float:
 def git_commit(root:Path)->str|None:
     "HEAD of the checkout at `root` (None outside git, as on a copied tree)."
     try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except Exception: return None
+    except (OSError, subprocess.TimeoutExpired): return None
 
 def int_list(s:str)->tuple:
     "argparse type: comma-separated integers."

@@ -55,10 +55,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path: sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from solar_open2 import budget                       # noqa: E402  (CPU-only imports; vllm is imported lazily)
 from solar_open2.config import SolarOpen2Config      # noqa: E402
 from solar_open2.vllm import FUSE_KDA_PROJ           # noqa: E402  (the plugin's constants; no vllm import)
+from kernel_bench import git_commit                  # noqa: E402  (what the benchmark scripts share)
 
 SCHEMA = 1
 PHASES = ("eager", "graphs")
@@ -784,10 +786,6 @@ def versions()->dict:
         import vllm; v.setdefault("vllm", vllm.__version__)
     return v
 
-def git_commit()->str|None:
-    try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired): return None
-
 def out_paths(a, name:str)->list:
     "Every place a result file `name` goes: the results directory and, when set, --out ($OUT)."
     ps = [Path(a.results_dir) / name]
@@ -820,7 +818,7 @@ def new_result(a, phase:str, argv:list)->dict:
     return {"schema": SCHEMA, "benchmark": "perf_h200", "phase": phase, "config": a.config, "status": "started",
             "error": None, "command": "python benchmarks/perf_h200.py " + " ".join(argv),
             "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(), "host": platform.node(), "settings": settings(a, phase),
+            "git_commit": git_commit(ROOT), "host": platform.node(), "settings": settings(a, phase),
             "versions": None, "gpu": None, "env": None, "plugin": None, "engine": None, "kv_pool": None,
             "memory": None, "figures": {}, "figure_details": {}, "profile": None, "sanity": {}, "skipped": [], "errors": [],
             "timeline": [], "roofline_source": "solar_open2.budget.decode_ceiling, H200 4.8e12 B/s per GPU, same TP/context/batch"}
@@ -1202,7 +1200,7 @@ def cli_log(argv:list)->int:
             if a.figure not in figs: raise ValueError(f"{a.results}: no figure {a.figure!r} (has {sorted(figs)})")
             measured = figs[a.figure]["value_tok_s"]
         e = log_entry(a.change, a.figure, a.predicted, measured, a.phase, a.baseline,
-                      str(a.results) if a.results else None, a.note, git_commit())
+                      str(a.results) if a.results else None, a.note, git_commit(ROOT))
     except (ValueError, OSError, json.JSONDecodeError) as err:
         print(f"perf_h200.py log: {err}", file=sys.stderr); return 2
     a.log.parent.mkdir(parents=True, exist_ok=True)
