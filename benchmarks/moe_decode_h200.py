@@ -71,8 +71,57 @@ GATE_UP_TILES = ((2, 512, 4, 3), (1, 1024, 4, 3), (1, 512, 4, 3), (2, 1024, 4, 3
 DOWN_TILES = ((16, 128, 4, 3), (32, 128, 4, 3), (32, 128, 8, 1), (8, 128, 4, 3), (16, 128, 8, 3), (16, 64, 4, 3),
               (16, 128, 4, 1))
 
+def shared_expert_contention(M, gate_up_tiles, down:"md.Tile", xs, rts, w13, w2, reps, timer, late, dev, K, Is, row_cb=None)->list:
+    """The routed kernels next to the shared expert on a second CUDA stream, as vLLM runs them (chapter 09's profile:
+    the shared expert's cuBLAS GEMMs on stream 545 while `moe_gate_up_kernel` runs on stream 17, which then takes
+    30.8 µs instead of 21). One row per gate/up tile: the routed pair alone, the shared expert alone
+    (`gate_up` [2·Is, K] bf16, SiLU·mul, `down` [K, Is]), the two on one stream one after the other, and the two
+    forked onto two streams inside the graph. A grid whose programs each run for the whole kernel leaves the
+    programs that find their SM taken by the other stream waiting a full program's time; smaller programs (more of
+    them) should lose less. `Is` is the shared expert's width on one rank."""
+    import torch, torch.nn.functional as F
+    from solar_open2.vllm import moe_decode as md
+    g = torch.Generator(device=dev).manual_seed(7)
+    n = len(xs)
+    wgu = [(torch.randn(2 * Is, K, generator=g, device=dev) / K ** 0.5).to(torch.bfloat16) for _ in range(n)]
+    wd = [(torch.randn(K, Is, generator=g, device=dev) / Is ** 0.5).to(torch.bfloat16) for _ in range(n)]
+    side = torch.cuda.Stream(device=dev) if dev == "cuda" else None
+    def shared(i):
+        gu = F.linear(xs[i], wgu[i])                                    # [M, 2·Is]
+        a, b = gu.chunk(2, -1)                                          # [M, Is] each
+        return F.linear(F.silu(a) * b, wd[i])                           # [M, K]
+    def routed(i, t): return md.moe_decode_triton(xs[i], *rts[i], w13, w2, gate_up=t, down=down)
+    def forked(i, t):
+        if side is None: shared(i); routed(i, t); return                # the CPU test: no streams
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side): shared(i)
+        routed(i, t)
+        torch.cuda.current_stream().wait_stream(side)
+    rows, shared_us = [], None
+    for tile in gate_up_tiles:
+        if late(): break
+        t = md.Tile(*tile)
+        try:
+            if shared_us is None: shared_us = timer([lambda i=i: shared(i) for i in range(n)], reps)
+            r = {"tokens": M, "gate_up_tile": list(tile), "down_tile": [down.block_n, down.block_k, down.num_warps, down.num_stages],
+                 "routed_us": timer([lambda i=i: routed(i, t) for i in range(n)], reps), "shared_us": shared_us,
+                 "serial_us": timer([lambda i=i: (shared(i), routed(i, t)) for i in range(n)], reps),
+                 "two_streams_us": timer([lambda i=i: forked(i, t) for i in range(n)], reps)}
+        except Exception as e:                                         # record, keep going
+            rows.append({"tokens": M, "gate_up_tile": list(tile), "error": f"{type(e).__name__}: {e}"[:400]}); continue
+        r = {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
+        r["overlap_gain_us"] = round(r["serial_us"] - r["two_streams_us"], 2)      # > 0: the second stream helps
+        r["contention_us"] = round(r["two_streams_us"] - max(r["routed_us"], r["shared_us"]), 2)   # 0: perfect overlap
+        rows.append(r); print(json.dumps({"shared": r}), flush=True)
+        if row_cb: row_cb()
+    return rows
+
+CONTENTION_TILES = ((1, 512, 4, 3), (2, 512, 4, 3), (1, 1024, 4, 3), (1, 256, 2, 3), (1, 512, 2, 3), (2, 512, 2, 3),
+                    (4, 512, 4, 3), (1, 256, 4, 3))
+
 def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES, reps:int=50, deadline_s:float=70.0,
-        out_paths=(), device:str="cuda", shapes:dict|None=None, timer=None, rotations:int=8)->dict:
+        out_paths=(), device:str="cuda", shapes:dict|None=None, timer=None, rotations:int=8, shared:bool=False,
+        shared_tiles=CONTENTION_TILES)->dict:
     """Check, then per token count time each kernel alone over its tiles and the two together with the best pair;
     returns the result dict (also written to `out_paths`). Tiles are (block_n, block_k, num_warps, num_stages).
     `device`, `shapes` and `timer` exist for the CPU test of this script (Triton's interpreter, a fake timer)."""
@@ -146,6 +195,11 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
             best["both"]["tiles"] = [list(best["gate_up"]["tile"]), list(best["down"]["tile"])]
         res["best"][str(M)] = best
         save()
+        if shared and "down" in best:
+            d = md.Tile(*best["down"]["tile"])
+            res.setdefault("shared", []).extend(shared_expert_contention(
+                M, shared_tiles, d, xs, rts, w13, w2, reps, timer, late, dev, K, I, row_cb=save))   # one shared expert, as wide as a routed one
+            save()
     res["elapsed_s"] = round(time.perf_counter() - t0, 1)
     save()
     return res
@@ -162,18 +216,26 @@ def main(argv=None)->int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--rotations", type=int, default=8, help="routings per graph (distinct experts per replay)")
     ap.add_argument("--deadline-s", type=float, default=70.0, help="start no timing after this many seconds")
+    ap.add_argument("--shared", action="store_true", help="also time the routed kernels next to the shared expert on a "
+                    "second stream (vLLM's layout), over --shared-tiles gate/up tiles")
+    ap.add_argument("--shared-tiles", type=_tiles, default=CONTENTION_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     a = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
         print("moe_decode_h200: no CUDA device", file=sys.stderr); return 2
     outs = [RESULTS / "moe_decode_h200.json"] + ([a.out / "moe_decode_h200.json"] if a.out else [])
-    res = run(a.tokens, a.gate_up_tiles, a.down_tiles, a.reps, a.deadline_s, outs, rotations=a.rotations)
+    res = run(a.tokens, a.gate_up_tiles, a.down_tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, shared=a.shared,
+              shared_tiles=a.shared_tiles)
     for c in res["checks"]: print("check", c)
     for M, b in res["best"].items():
         for kd, r in b.items():
             print(f"{M} token(s) {kd}: {r['us']} us at {r.get('tiles') or r['tile']}, {r['TBps']} TB/s "
                   f"({100 * r['fraction_of_bandwidth']:.0f} % of 4.8)")
+    for r in res.get("shared", []):
+        if "error" not in r:
+            print(f"{r['tokens']} token(s) next to the shared expert, gate/up {r['gate_up_tile']}: routed {r['routed_us']}, "
+                  f"shared {r['shared_us']}, serial {r['serial_us']}, two streams {r['two_streams_us']} us")
     bad = [c for c in res["checks"] if not c["rel_rms"] < 1e-5]
     return 1 if bad else 0
 

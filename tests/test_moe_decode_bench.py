@@ -52,6 +52,32 @@ print(json.dumps(calls))
     assert b["both"]["bytes"] == round(2 * (per13 + per2)) and res["best"]["3"]["both"]["distinct_experts"] <= 6
     assert res["best"]["3"]["gate_up"]["tile"] == [4, 32, 4, 2]
 
+def test_shared_expert_contention_rows_on_cpu(tmp_path):
+    "`--shared`: per gate/up tile the routed pair, the shared expert (timed once), serial and two streams, in that order."
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import moe_decode_h200 as m
+seq = iter([1.0, 2.0, 9.0, 30.0, 19.0, 25.0, 20.0, 8.0, 21.0, 16.0])   # main run (gate_up, down, both); then the rows
+def timer(fns, reps):
+    for f in fns: f()
+    return next(seq)
+res = m.run(tokens=(1,), gate_up_tiles=((2, 64, 4, 1),), down_tiles=((16, 32, 4, 3),), reps=1, out_paths=[{str(tmp_path / 'r.json')!r}],
+            device="cpu", shapes=dict(E=6, K=64, I=32, H=48, topk=2), timer=timer, deadline_s=600, rotations=2, shared=True,
+            shared_tiles=((2, 64, 4, 1), (4, 32, 4, 2)))
+print(json.dumps(res["shared"]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = json.loads(r.stdout.strip().splitlines()[-1])
+    assert a["gate_up_tile"] == [2, 64, 4, 1] and a["down_tile"] == [16, 32, 4, 3]     # the main run's best down tile
+    assert (a["shared_us"], a["routed_us"], a["serial_us"], a["two_streams_us"]) == (30.0, 19.0, 25.0, 20.0)
+    assert a["overlap_gain_us"] == 5.0 and a["contention_us"] == -10.0
+    assert (b["shared_us"], b["routed_us"], b["serial_us"], b["two_streams_us"]) == (30.0, 8.0, 21.0, 16.0)  # shared timed once
+    assert b["overlap_gain_us"] == 5.0 and b["contention_us"] == -14.0
+    assert json.loads((tmp_path / "r.json").read_text())["shared"] == [a, b]
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_kernels_match_and_time(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
