@@ -59,7 +59,7 @@ if str(ROOT / "benchmarks") not in sys.path: sys.path.insert(0, str(ROOT / "benc
 
 from solar_open2 import budget                       # noqa: E402  (CPU-only imports; vllm is imported lazily)
 from solar_open2.config import SolarOpen2Config      # noqa: E402
-from solar_open2.vllm import FUSE_KDA_PROJ           # noqa: E402  (the plugin's constants; no vllm import)
+from solar_open2.vllm import FUSE_KDA_PROJ, KDA_GATE_KERNEL   # noqa: E402  (the plugin's constants; no vllm import)
 from kernel_bench import git_commit                  # noqa: E402  (what the benchmark scripts share)
 
 SCHEMA = 1
@@ -160,6 +160,9 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--fuse-kda-proj", action=argparse.BooleanOptionalAction, default=None,
                     help="set the plugin's fused KDA projections on or off (additional_config solar_open2_fuse_kda_proj); "
                          "default: the plugin's default")
+    ap.add_argument("--kda-gate-kernel", action=argparse.BooleanOptionalAction, default=None,
+                    help="the KDA low-rank gates of decode batches through chapter 08h's kernels (additional_config "
+                         "solar_open2_kda_gate_kernel); default: the plugin's default (off)")
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")
@@ -306,7 +309,8 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
               enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
-    if a.fuse_kda_proj is not None: kw["additional_config"] = {FUSE_KDA_PROJ: a.fuse_kda_proj}
+    ac = {k: v for k, v in ((FUSE_KDA_PROJ, a.fuse_kda_proj), (KDA_GATE_KERNEL, a.kda_gate_kernel)) if v is not None}
+    if ac: kw["additional_config"] = ac
     if phase == "eager": kw["enforce_eager"] = True
     else:
         cc = {"cudagraph_capture_sizes": sorted(a.capture_sizes)}
@@ -805,7 +809,7 @@ def settings(a, phase:str)->dict:
             "load_format": "dummy", "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
             "enforce_eager": phase == "eager", "compile": None if phase == "eager" else a.compile,
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
-            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj,
+            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj, "kda_gate_kernel": a.kda_gate_kernel,
             "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
             "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
             "env": dict(a.env or []),

@@ -112,6 +112,16 @@ def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
         e = ph.engine_kwargs(f, str(tmp_path), "eager")
         assert EngineArgs(**e).additional_config == {"solar_open2_fuse_kda_proj": True}
 
+def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
+    a = ph.parse_args(["--phase", "graphs"])
+    assert a.kda_gate_kernel is None and ph.settings(a, "graphs")["kda_gate_kernel"] is None
+    g = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel"])
+    assert ph.engine_kwargs(g, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_kda_gate_kernel": True}
+    both = ph.parse_args(["--phase", "graphs", "--no-fuse-kda-proj", "--kda-gate-kernel"])   # one dict, neither lost
+    assert ph.engine_kwargs(both, str(tmp_path), "graphs")["additional_config"] == {
+        "solar_open2_fuse_kda_proj": False, "solar_open2_kda_gate_kernel": True}
+    assert ph.settings(both, "graphs")["kda_gate_kernel"] is True
+
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
     cc = ph.engine_kwargs(a, str(tmp_path), "graphs")["compilation_config"]

@@ -28,6 +28,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..config import SolarOpen2Config
 from . import FUSE_KDA_PROJ, KDA_OP_NAME
+from .kda_gates import gate_kernel_applies, kda_gate_kernel_enabled   # chapter 08h (registers its op)
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
 # %% auto #0
@@ -266,6 +267,9 @@ class SolarOpen2KDA(nn.Module, MambaBase):
             self.f_a_proj, self.f_b_proj = rep("f_a_proj"), col(D, P, "f_b_proj")
             self.g_a_proj, self.g_b_proj = rep("g_a_proj"), col(D, P, "g_b_proj")
         if not self.fused: self.b_proj = col(hidden, H, "b_proj")
+        # chapter 08h: the low-rank gates of a decode batch in two Triton kernels (opt-in, fused layout only)
+        self.gate_kernel = (self.fused and not self.full_proj and kda_gate_kernel_enabled(vllm_config)
+                            and gate_kernel_applies(self))
         # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's
         self.qkv_conv1d = MergedColumnParallelLinear(K, [P, P, P], bias=False, params_dtype=torch.float32,
                                                      prefix=f"{prefix}.qkv_conv1d")
@@ -306,6 +310,9 @@ def _fused_inputs(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
     Pl, Hl, D = self.local_heads * self.head_dim, self.local_heads, self.head_dim
     qkv, b = self.qkvb_proj(x)[0].split([3 * Pl, Hl], -1)                    # [T, 3·Pl+Hl] -> [T, 3·Pl], [T, Hl] (strided views)
     if self.full_proj: return qkv, self.f_proj(x)[0], b, self.g_proj(x)[0]
+    if self.gate_kernel:                                                      # chapter 08h's op: kernels for <= 16 tokens
+        g1, g2 = torch.ops.vllm.solar_open2_kda_gates(x, self.fg_a_proj.weight, self.f_b_proj.weight, self.g_b_proj.weight)
+        return qkv, g1, b, g2                                                 # [T, Pl] each
     fa, ga = self.fg_a_proj(x)[0].split([D, D], -1)                           # [T, 2·D] -> [T, D], [T, D]
     return qkv, self.f_b_proj(fa)[0], b, self.g_b_proj(ga)[0]                # g1, g2: [T, Pl] each
 

@@ -1,0 +1,152 @@
+#!/usr/bin/env python
+"""The KDA low-rank gates (`solar_open2.vllm.kda_gates`, chapter 08h) at the real per-rank shapes on one GPU.
+
+    python benchmarks/kda_gates_h200.py [--tokens 1,2,4,8,16] [--a-tiles 2x1024x4,...] [--b-tiles 32x128x4,...]
+
+Needs only torch and triton at run time. The module imports vLLM only to register its op; `--no-op` stubs that
+registration out, so the script runs on the GPU machine without the staging steps. One KDA layer's gate weights on one rank at TP2: `fg_a_proj`
+[256, 4096], `f_b_proj` and `g_b_proj` [4096, 128], bf16. It first checks the kernels on the GPU (chapter 08h's
+cases in fp32 and bf16, then the real shapes), then, per token count, times:
+
+- `cublas`: `kda_gates_torch`, the three `F.linear` calls of the module path (what the engine runs today);
+- `a` and `b`: each kernel launch alone over its tiles;
+- `triton`: both launches with the best pair, the figure to compare with `cublas`.
+
+Each timing captures calls on different weight copies (more than 200 MB, so the weights come from HBM as in the
+engine) in one CUDA graph and replays it. Output: `benchmarks/results/kda_gates_h200.json` (and `$OUT/` when set),
+written after every timing.
+"""
+from __future__ import annotations
+import argparse, datetime, json, os, platform, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from kernel_bench import git_commit, int_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from solar_open2 import budget                                  # noqa: E402
+from solar_open2.config import SolarOpen2Config                 # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+TP = 2
+L2_BYTES = 200e6
+A_TILES = ((2, 1024, 4), (1, 1024, 4), (2, 512, 4), (4, 512, 4), (2, 256, 4), (1, 512, 2), (4, 1024, 8))
+B_TILES = ((32, 128, 4), (16, 128, 4), (64, 128, 4), (8, 128, 4), (32, 128, 2), (16, 128, 2))
+
+def real_shapes(cfg:SolarOpen2Config, tp:int=TP)->dict:
+    "One KDA layer's gate GEMMs on one rank: d (hidden), r (rank), P (the gates' width on the rank)."
+    return dict(d=cfg.hidden_size, r=cfg.kda_gate_rank, P=cfg.kda_num_heads * cfg.kda_head_dim // tp)
+
+def load_module(no_op:bool):
+    """`solar_open2.vllm.kda_gates`. With `no_op` (a machine without vLLM), vLLM's op registration is stubbed out
+    first: only this process sees the stub, and the kernels, wrappers and checks are the module's own."""
+    import types
+    if no_op and "vllm.utils.torch_utils" not in sys.modules:
+        for name in ("vllm", "vllm.utils", "vllm.utils.torch_utils"): sys.modules[name] = types.ModuleType(name)
+        sys.modules["vllm.utils.torch_utils"].direct_register_custom_op = lambda **kw: None
+    from solar_open2.vllm import kda_gates
+    return kda_gates
+
+def run(tokens=(1, 2, 4, 8, 16), a_tiles=A_TILES, b_tiles=B_TILES, reps:int=50, deadline_s:float=90.0, out_paths=(),
+        device:str="cuda", shapes:dict|None=None, timer=None, no_op:bool=False, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
+    """Check, then per token count time the module path, each launch over its tiles and the best pair; returns the
+    result dict (also written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
+    import torch, triton
+    kg = load_module(no_op)
+    t0 = time.perf_counter()
+    shp, timer = dict(shapes or real_shapes(SolarOpen2Config.real())), timer or time_graph
+    d, r, P = shp["d"], shp["r"], shp["P"]
+    res = {"schema": 1, "benchmark": "kda_gates_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
+           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
+           "versions": {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
+           "git_commit": git_commit(ROOT), "tp": TP, "shapes": shp, "bandwidth_Bps": budget.BANDWIDTH["h200"],
+           "checks": [], "timings": [], "skipped": [], "best": {}}
+    def save():
+        for p in out_paths:
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+            Path(p).write_text(json.dumps(res, indent=1))
+    res["checks"] = [{**c, "kind": "small"} for c in kg.self_check(device=device)]
+    g = torch.Generator(device=device).manual_seed(0)
+    nbytes = 2 * (2 * r * d + 2 * P * r)                                       # bf16 weights read per call
+    copies = max(1, min(max_copies, int(-(-l2_bytes // nbytes))))
+    W = [tuple((torch.randn(*s, generator=g, device=device) / s[1] ** 0.5).to(torch.bfloat16)
+               for s in ((2 * r, d), (P, r), (P, r))) for _ in range(copies)]
+    for T in sorted({1, min(max(tokens), kg.MAX_TOKENS)}):                     # real shapes, bf16, against fp32
+        x = torch.randn(T, d, generator=g, device=device).to(torch.bfloat16)
+        wa, wfb, wgb = W[0]
+        y = (x.float() @ wa.float().T).to(torch.bfloat16).float()
+        ref = torch.cat([y[:, :r] @ wfb.float().T, y[:, r:] @ wgb.float().T], -1)
+        got = torch.cat(kg.kda_gates_triton(x, wa, wfb, wgb), -1).float()
+        plain = torch.cat(kg.kda_gates_torch(x, wa, wfb, wgb), -1).float()
+        res["checks"].append({"kind": "real shapes", "case": [T, d, r, P], "dtype": "bfloat16",
+                              "rel_rms": kg._rel_rms(got, ref), "plain_rel_rms": kg._rel_rms(plain, ref)})
+    save()
+    late = lambda: time.perf_counter() - t0 > deadline_s
+    def row(T, kind, tile, us, nb):
+        rr = {"tokens": T, "kernel": kind, "tile": tile, "us": round(us, 2), "bytes": nb, "copies": copies,
+              "TBps": round(nb / us / 1e6, 3)}
+        res["timings"].append(rr); print(json.dumps(rr), flush=True); save(); return rr
+    a_bytes, b_bytes = 2 * 2 * r * d, 2 * 2 * P * r
+    for T in tokens:
+        if T > kg.MAX_TOKENS: res["skipped"].append({"tokens": T, "why": f"more than MAX_TOKENS={kg.MAX_TOKENS}"}); continue
+        xs = [torch.randn(T, d, generator=g, device=device).to(torch.bfloat16) for _ in range(copies)]
+        ys = [torch.randn(T, 2 * r, generator=g, device=device).to(torch.bfloat16) for _ in range(copies)]
+        outs = [torch.empty(T, P, device=device, dtype=torch.bfloat16) for _ in range(2)]
+        best = {}
+        if late(): res["skipped"].append({"tokens": T, "kernel": "cublas"}); continue
+        best["cublas"] = row(T, "cublas", None, timer([lambda x=x, w=w: kg.kda_gates_torch(x, *w) for x, w in zip(xs, W)], reps), nbytes)
+        for kind, tiles, nb in (("a", a_tiles, a_bytes), ("b", b_tiles, b_bytes)):
+            for tile in tiles:
+                if late(): res["skipped"].append({"tokens": T, "kernel": kind, "tile": list(tile)}); continue
+                if kind == "a": fns = [lambda x=x, w=w, y=y: kg._launch([(x, w[0], y)], T, 2 * r, d, tile) for x, w, y in zip(xs, W, ys)]
+                else: fns = [lambda w=w, y=y: kg._launch([(y[:, :r], w[1], outs[0]), (y[:, r:], w[2], outs[1])], T, P, r, tile)
+                             for w, y in zip(W, ys)]
+                try: rr = row(T, kind, list(tile), timer(fns, reps), nb)
+                except Exception as e:                                       # record, keep going
+                    res["timings"].append({"tokens": T, "kernel": kind, "tile": list(tile), "error": f"{type(e).__name__}: {e}"[:400]})
+                    continue
+                if kind not in best or rr["us"] < best[kind]["us"]: best[kind] = rr
+        if "a" in best and "b" in best and not late():
+            tiles = (tuple(best["a"]["tile"]), tuple(best["b"]["tile"]))
+            best["triton"] = row(T, "triton", [list(t) for t in tiles],
+                                 timer([lambda x=x, w=w: kg.kda_gates_triton(x, *w, tiles=tiles) for x, w in zip(xs, W)], reps), nbytes)
+            best["speedup"] = round(best["cublas"]["us"] / best["triton"]["us"], 3)
+        res["best"][str(T)] = best
+        save()
+    res["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    save()
+    return res
+
+def _tiles(s:str)->tuple:
+    try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
+    except ValueError: raise argparse.ArgumentTypeError(f"expected BLOCK_NxBLOCK_KxWARPS[,...], got {s!r}")
+
+def checks_pass(checks:list)->bool:
+    "fp32 within 1e-6 of the reference; bf16 no further than 1.5x the library GEMMs' distance plus 1e-3."
+    return all(c["rel_rms"] < (1e-6 if c["dtype"] == "float32" else 1.5 * c["plain_rel_rms"] + 1e-3) for c in checks)
+
+def main(argv=None)->int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8, 16))
+    ap.add_argument("--a-tiles", type=_tiles, default=A_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for fg_a_proj")
+    ap.add_argument("--b-tiles", type=_tiles, default=B_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for f_b_proj + g_b_proj")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--deadline-s", type=float, default=90.0, help="start no timing after this many seconds")
+    ap.add_argument("--no-op", action="store_true", help="load the kernels without vLLM (no op registration)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    a = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("kda_gates_h200: no CUDA device", file=sys.stderr); return 2
+    outs = [RESULTS / "kda_gates_h200.json"] + ([a.out / "kda_gates_h200.json"] if a.out else [])
+    res = run(a.tokens, a.a_tiles, a.b_tiles, a.reps, a.deadline_s, outs, no_op=a.no_op)
+    for c in res["checks"]: print("check", c)
+    for T, b in res["best"].items():
+        if "triton" in b:
+            print(f"{T} token(s): cublas {b['cublas']['us']} us, triton {b['triton']['us']} us at {b['triton']['tile']} "
+                  f"(a {b['a']['us']}, b {b['b']['us']}): {b['speedup']}x")
+    return 0 if checks_pass(res["checks"]) else 1
+
+if __name__ == "__main__":
+    sys.exit(main())
