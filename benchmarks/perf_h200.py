@@ -184,7 +184,7 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the JSON files are written and read")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
                     help="second output directory (default $OUT): JSON + engine log")
-    ap.add_argument("--model-dir", type=Path, help="directory for config.json (default: a new temporary directory)")
+    ap.add_argument("--model-dir", type=Path, help="directory for config.json (default: one fixed temporary path per config, so that vLLM's compile and autotuning caches carry over between runs)")
     ap.add_argument("--no-shim", action="store_true", help="do not write the entry-point shim (plugin pip-installed)")
     return ap
 
@@ -243,6 +243,12 @@ def model_config(name:str)->SolarOpen2Config:
     cfg = SolarOpen2Config.real() if name == "real" else SolarOpen2Config.tiny()
     cfg.quantization_config = nvfp4.quantization_config("compressed-tensors", bf16_linear_modules(cfg))
     return cfg
+
+def stable_model_dir(name:str)->Path:
+    """The default model directory: one fixed path per config. vLLM keys its compile cache on the model path (among
+    the config's other fields) and keeps Triton's cache, autotuning results included, inside it; a new temporary
+    directory per run made every engine start autotune FLA's chunk-KDA kernels again (about 2 minutes per rank)."""
+    return Path(tempfile.gettempdir()) / f"solar_open2_perf_{name}_model"
 
 def write_model_dir(name:str, path:Path)->Path:
     "Write `config.json` (only that: dummy weights, no tokenizer) into `path`; returns the directory."
@@ -955,7 +961,7 @@ def run_phase(a, phase:str, argv:list)->int:
                              "entry_point_seen": str(installed_entry_point())}
             res["versions"] = versions()
             from vllm import LLM
-            model_dir = write_model_dir(a.config, a.model_dir or work / "model")
+            model_dir = write_model_dir(a.config, a.model_dir or stable_model_dir(a.config))
             a._profile_dir = str(work / "profile") if a.profile else None
             kw = engine_kwargs(a, model_dir, phase, a._profile_dir)
             res["engine"] = {"kwargs": {k: v for k, v in kw.items() if k != "model"}}

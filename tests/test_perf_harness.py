@@ -1,7 +1,7 @@
 """The H200 performance harness (`benchmarks/perf_h200.py`, `benchmarks/plot_perf.py`) without a GPU: arguments,
 the served config.json, the plugin's entry-point shim, log capture and parsing (lines written in vLLM 0.25.1's own
 formats), figures from token times, rooflines, the profile summary, JSON assembly, merge, the prediction log, plot."""
-import importlib.util, json, math, os, subprocess, sys, textwrap, time
+import importlib.util, json, math, os, subprocess, sys, tempfile, textwrap, time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,6 +55,14 @@ def test_strip_flags():
 # --------------------------------------------------------------------------------------------------------------
 # config.json and engine arguments
 # --------------------------------------------------------------------------------------------------------------
+
+def test_default_model_dir_is_one_fixed_path_per_config(tmp_path):
+    "vLLM's compile cache (and the autotuning results in it) is keyed on the model path: it must not change per run."
+    assert ph.stable_model_dir("real") == ph.stable_model_dir("real") != ph.stable_model_dir("tiny")
+    assert ph.stable_model_dir("real").parent == Path(tempfile.gettempdir())
+    d = tmp_path / "m"
+    first = ph.write_model_dir("real", d).joinpath("config.json").read_text()
+    assert ph.write_model_dir("real", d).joinpath("config.json").read_text() == first   # a second run rewrites it unchanged
 
 def test_model_dir_is_the_real_config_with_nota_quant_block(tmp_path):
     from solar_open2.checkpoint import bf16_linear_modules, quantization_problems
