@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import git_commit, int_list, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -118,10 +118,6 @@ def run(tokens=(1, 2, 4, 8), a_tiles=A_TILES, b_tiles=B_TILES, reps:int=50, dead
     save()
     return res
 
-def _tiles(s:str)->tuple:
-    try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
-    except ValueError: raise argparse.ArgumentTypeError(f"expected BLOCK_NxBLOCK_KxWARPS[xSTAGES][,...], got {s!r}")
-
 def checks_pass(checks:list)->bool:
     "fp32 within 1e-6 of the reference; bf16 no further than 1.5x the library GEMMs' distance plus 1e-3."
     return all(c["rel_rms"] < (1e-6 if c["dtype"] == "float32" else 1.5 * c["plain_rel_rms"] + 1e-3) for c in checks)
@@ -129,8 +125,8 @@ def checks_pass(checks:list)->bool:
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
-    ap.add_argument("--a-tiles", type=_tiles, default=A_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for fg_a_proj")
-    ap.add_argument("--b-tiles", type=_tiles, default=B_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for f_b_proj + g_b_proj")
+    ap.add_argument("--a-tiles", type=tile_list, default=A_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for fg_a_proj")
+    ap.add_argument("--b-tiles", type=tile_list, default=B_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for f_b_proj + g_b_proj")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--deadline-s", type=float, default=90.0, help="start no timing after this many seconds")
     ap.add_argument("--no-op", action="store_true", help="load the kernels without vLLM (no op registration)")

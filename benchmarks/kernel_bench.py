@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: the CUDA-graph timer and the integer-list flag of the single-GPU kernel benchmarks
-(`moe_decode_h200.py`, `gemv_h200.py`), and the commit every result JSON records (those two and `perf_h200.py`)."""
+"""What the benchmark scripts share: the CUDA-graph timer and the integer-list and tile-list flags of the single-GPU
+kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`), and the commit every result JSON
+records (those and `perf_h200.py`)."""
 import argparse, subprocess
 from pathlib import Path
 
@@ -35,3 +36,8 @@ def int_list(s:str)->tuple:
     "argparse type: comma-separated integers."
     try: return tuple(int(v) for v in s.split(","))
     except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
+
+def tile_list(s:str)->tuple:
+    "argparse type: comma-separated tiles, each `x`-separated integers (`2x512x4x3,1x1024x4x3`)."
+    try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
+    except ValueError: raise argparse.ArgumentTypeError(f"expected tiles of x-separated integers, comma-separated (2x512x4x3,...), got {s!r}")

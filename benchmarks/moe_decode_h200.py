@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import git_commit, int_list, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config, nvfp4_bytes   # noqa: E402
 
@@ -204,21 +204,17 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
     save()
     return res
 
-def _tiles(s:str)->tuple:
-    try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
-    except ValueError: raise argparse.ArgumentTypeError(f"expected BLOCK_NxBLOCK_KxWARPSxSTAGES[,...], got {s!r}")
-
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
-    ap.add_argument("--gate-up-tiles", type=_tiles, default=GATE_UP_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
-    ap.add_argument("--down-tiles", type=_tiles, default=DOWN_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
+    ap.add_argument("--gate-up-tiles", type=tile_list, default=GATE_UP_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
+    ap.add_argument("--down-tiles", type=tile_list, default=DOWN_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--rotations", type=int, default=8, help="routings per graph (distinct experts per replay)")
     ap.add_argument("--deadline-s", type=float, default=70.0, help="start no timing after this many seconds")
     ap.add_argument("--shared", action="store_true", help="also time the routed kernels next to the shared expert on a "
                     "second stream (vLLM's layout), over --shared-tiles gate/up tiles")
-    ap.add_argument("--shared-tiles", type=_tiles, default=CONTENTION_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
+    ap.add_argument("--shared-tiles", type=tile_list, default=CONTENTION_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     a = ap.parse_args(argv)
     import torch
