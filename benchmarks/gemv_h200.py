@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The dense projections of one decode step at their real per-rank shapes, cuBLAS against two alternatives, on one GPU.
 
-    python benchmarks/gemv_h200.py [--tokens 1,8] [--methods cublas,triton,autotune] [--deadline-s 240]
+    python benchmarks/gemv_h200.py [--tokens 1,8] [--methods cublas,triton,fma,autotune] [--deadline-s 240]
 
 Chapter 09's profile puts 3.47 ms of a 6.9 ms decode step (one stream, 2x H200, TP2) in dense GEMMs that read
 8.1 GB per rank: 2.3 TB/s on average. The big `qkvb_proj` reaches 3.6 TB/s, but `o_proj`, `g_proj`, the shared
@@ -12,6 +12,8 @@ wired into the plugin:
 - `cublas`: `torch.nn.functional.linear`, what vLLM's unquantized linear and inductor's extern mm call;
 - `triton`: `gemv_kernel` below, tensor-core dots with the token rows padded to 16, no split-K, pipelined K loop,
   over a few tiles (the fastest is reported);
+- `fma`: chapter 08h's small-batch kernel (`kda_gates_kernel`, one problem): fp32 multiply-adds on the CUDA cores,
+  the whole reduction inside the program, no split-K, no tensor cores, over `FMA_TILES`;
 - `autotune`: `torch.compile(mode="max-autotune-no-cudagraphs")` of the same linear at the static shape, that is
   inductor benchmarking its Triton templates against cuBLAS, which is what `perf_h200.py --compile-sizes 1,2,4,8
   --max-autotune` would give the engine.
@@ -101,10 +103,22 @@ def triton_linear(x, w, tile):
                                num_warps=nw)
     return out
 
-METHODS = ("cublas", "triton", "autotune")
+METHODS = ("cublas", "triton", "fma", "autotune")
+FMA_TILES = ((1, 4096, 8), (2, 4096, 8), (4, 2048, 4), (8, 1024, 4, 2), (4, 128, 1))   # 08h's (BLOCK_N, BLOCK_K, warps[, stages])
+
+def fma_linear(x, w, tile):
+    "`x @ w.T` through chapter 08h's `kda_gates_kernel` (one problem); x [M <= 8, K], w [N, K], any float dtype."
+    import torch
+    from kda_gates_h200 import load_module
+    kg = load_module(None)
+    M, K = x.shape; N = w.shape[0]
+    if M > kg.MAX_TOKENS: raise ValueError(f"fma_linear takes at most {kg.MAX_TOKENS} tokens, got {M}")
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    kg._launch([(x, w, out)], M, N, K, tile)
+    return out
 
 def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_paths=(), device:str="cuda",
-        shapes:list|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
+        shapes:list|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, fma_tiles=FMA_TILES)->dict:
     """Check each method against fp32, then time it at every shape and token count; returns the result dict (also
     written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test (Triton's interpreter, a fake timer)."""
     import torch, torch.nn.functional as F
@@ -114,7 +128,7 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
            "versions": {"torch": torch.__version__, "python": platform.python_version()}, "git_commit": git_commit(ROOT),
-           "tp": TP, "shapes": shapes, "tiles": [list(t) for t in tiles], "bandwidth_Bps": budget.BANDWIDTH["h200"],
+           "tp": TP, "shapes": shapes, "tiles": [list(t) for t in tiles], "fma_tiles": [list(t) for t in fma_tiles], "bandwidth_Bps": budget.BANDWIDTH["h200"],
            "timings": [], "checks": [], "skipped": [], "step_us": {}}
     def save():
         for p in out_paths:
@@ -128,6 +142,7 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
     def call(method, x, w, tile=None):
         if method == "cublas": return F.linear(x, w)
         if method == "triton": return triton_linear(x, w, tile)
+        if method == "fma": return fma_linear(x, w, tile)
         if (x.shape, w.shape, w.dtype) not in compiled:
             compiled[(x.shape, w.shape, w.dtype)] = torch.compile(lambda a, b: F.linear(a, b), mode="max-autotune-no-cudagraphs",
                                                                  dynamic=False, fullgraph=True)
@@ -139,7 +154,7 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
                 dt = getattr(torch, sh["dtype"])
                 nbytes = sh["N"] * sh["K"] * dt.itemsize
                 copies = max(1, min(max_copies, int(-(-l2_bytes // nbytes))))
-                variants = [(t,) for t in tiles] if method == "triton" else [(None,)]
+                variants = [(t,) for t in {"triton": tiles, "fma": fma_tiles}.get(method, (None,))]
                 keys = [{"tokens": M, "shape": sh["name"], "method": method, "tile": list(t) if t else None} for (t,) in variants]
                 if late(): res["skipped"].extend(keys); continue
                 ws = [(torch.randn(sh["N"], sh["K"], generator=g, device=device) / sh["K"] ** 0.5).to(dt) for _ in range(copies)]

@@ -37,10 +37,14 @@ def real_shapes(cfg:SolarOpen2Config, tp:int=TP)->dict:
     "One KDA layer's gate GEMMs on one rank: d (hidden), r (rank), P (the gates' width on the rank)."
     return dict(d=cfg.hidden_size, r=cfg.kda_gate_rank, P=cfg.kda_num_heads * cfg.kda_head_dim // tp)
 
-def load_module(no_op:bool):
+def load_module(no_op:bool|None):
     """`solar_open2.vllm.kda_gates`. With `no_op` (a machine without vLLM), vLLM's op registration is stubbed out
-    first: only this process sees the stub, and the kernels, wrappers and checks are the module's own."""
+    first: only this process sees the stub, and the kernels, wrappers and checks are the module's own. `None`: stub
+    only if vLLM does not import."""
     import types
+    if no_op is None:
+        try: import vllm.utils.torch_utils  # noqa: F401
+        except ImportError: no_op = True
     if no_op and "vllm.utils.torch_utils" not in sys.modules:
         for name in ("vllm", "vllm.utils", "vllm.utils.torch_utils"): sys.modules[name] = types.ModuleType(name)
         sys.modules["vllm.utils.torch_utils"].direct_register_custom_op = lambda **kw: None

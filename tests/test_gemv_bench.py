@@ -60,6 +60,29 @@ res = g.run(tokens=(1, 3), methods=("cublas", "triton"), tiles=((16, 32, 4, 1), 
                               "triton_M1": 3 * 94 + 2 * 92, "triton_M3": 3 * 90 + 2 * 88}
     assert res["step_bytes"] == 3 * 40 * 64 * 2 + 2 * 24 * 32 * 4
 
+def test_fma_method_on_cpu_under_the_interpreter(tmp_path):
+    "`fma` (chapter 08h's kernel as a GEMV): bf16 and fp32 weights checked against fp64, its own tiles, the faster one kept."
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import gemv_h200 as g
+n = [0]
+def timer(fns, reps):
+    for f in fns: f()
+    n[0] += 1; return 10.0 - n[0]                  # the later tile is the faster one
+shapes = [dict(name="a", N=40, K=64, dtype="bfloat16", per_step=3), dict(name="r", N=24, K=32, dtype="float32", per_step=2)]
+res = g.run(tokens=(1, 5), methods=("fma",), fma_tiles=((2, 32, 4), (4, 64, 4, 2)), reps=1, deadline_s=600,
+            out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=shapes, l2_bytes=4000, max_copies=2, timer=timer)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert not [t for t in res["timings"] if "error" in t] and len(res["checks"]) == 8
+    assert all(c["rel_err"] < (1e-6 if c["shape"] == "r" else 2e-2) for c in res["checks"])   # fp32: exact sums
+    assert all(t["tile"] == [4, 64, 4, 2] for t in res["timings"] if t.get("best_of_method"))
+    assert res["fma_tiles"] == [[2, 32, 4], [4, 64, 4, 2]] and set(res["step_us"]) == {"fma_M1", "fma_M5"}
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_methods_match_and_time(tmp_path):
     import gemv_h200 as g
