@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The dense projections of one decode step at their real per-rank shapes, cuBLAS against two alternatives, on one GPU.
+"""The dense projections of one decode step at their real per-rank shapes, cuBLAS against three alternatives, on one GPU.
 
     python benchmarks/gemv_h200.py [--tokens 1,8] [--methods cublas,triton,fma,autotune] [--deadline-s 240]
 
