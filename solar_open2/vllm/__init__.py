@@ -8,7 +8,7 @@ import logging
 
 # %% auto #0
 __all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL',
-           'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE', 'register']
+           'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE', 'plugin_flag', 'register']
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #b8ef2976
 log = logging.getLogger("solar_open2.vllm")
@@ -24,6 +24,16 @@ VLLM_VERSION = "0.25.1"                                       # the engine this 
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`
 PARSER_NAME = "solar_open2"                                   # --reasoning-parser / --tool-call-parser name
 PARSERS_MODULE = "solar_open2.vllm.parsers"                   # chapter 11a's vLLM adapters (imported lazily)
+
+# %% ../../nbs/08b_vllm_plugin.ipynb #b8ef2978
+def plugin_flag(vllm_config, # a `VllmConfig` (or anything with `additional_config`)
+                key:str, # FUSE_KDA_PROJ, KDA_GATE_KERNEL, ...
+                default:bool)->bool:
+    "The boolean `key` of vLLM's `additional_config`, `default` when absent."
+    ac = getattr(vllm_config, "additional_config", None)
+    if not isinstance(ac, dict) or key not in ac: return default
+    if not isinstance(ac[key], bool): raise ValueError(f"additional_config {key}: expected true or false, got {ac[key]!r}")
+    return ac[key]
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #17ffe44c
 def _register_config(cls)->None:

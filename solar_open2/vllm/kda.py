@@ -27,7 +27,7 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..config import SolarOpen2Config
-from . import FUSE_KDA_PROJ, KDA_OP_NAME
+from . import FUSE_KDA_PROJ, KDA_OP_NAME, plugin_flag
 from .kda_gates import gate_kernel_applies, kda_gate_kernel_enabled   # chapter 08h (registers its op)
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
@@ -212,8 +212,7 @@ KDA_CONV = {"q_conv1d": ("qkv_conv1d", 0), "k_conv1d": ("qkv_conv1d", 1), "v_con
 
 def fuse_kda_proj(vllm_config)->bool:
     "Whether the KDA projections are fused (`solar_open2_fuse_kda_proj` in `additional_config`; default on, `false` = separate)."
-    ac = getattr(vllm_config, "additional_config", None)
-    return bool(ac.get(FUSE_KDA_PROJ, True)) if isinstance(ac, dict) else True
+    return plugin_flag(vllm_config, FUSE_KDA_PROJ, True)
 
 def kda_fused_target(name:str, fused:bool=True)->tuple:
     "`(parameter name, shard id)` of a KDA checkpoint tensor (conv weights always, projections if `fused`); `(name, None)` if not a part."

@@ -12,7 +12,7 @@ from triton import language as tl
 
 from vllm.utils.torch_utils import direct_register_custom_op
 
-from . import KDA_GATE_KERNEL
+from . import KDA_GATE_KERNEL, plugin_flag
 
 # %% auto #0
 __all__ = ['MAX_TOKENS', 'GATE_TILES', 'GATE_CHECK_CASES', 'KDA_GATES_OP_NAME', 'kda_gates_torch', 'kda_gates_kernel',
@@ -158,8 +158,7 @@ if not hasattr(torch.ops.vllm, KDA_GATES_OP_NAME):
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00014
 def kda_gate_kernel_enabled(vllm_config)->bool:
     "Whether `solar_open2_kda_gate_kernel` is set in vLLM's `additional_config` (default off)."
-    ac = getattr(vllm_config, "additional_config", None)
-    return bool(ac.get(KDA_GATE_KERNEL, False)) if isinstance(ac, dict) else False
+    return plugin_flag(vllm_config, KDA_GATE_KERNEL, False)
 
 def gate_kernel_applies(layer:torch.nn.Module)->bool:
     "Whether a KDA layer's low-rank gate projections can go through `kda_gates`: fused layout, unquantized, no bias."
