@@ -250,6 +250,10 @@ def stable_model_dir(name:str)->Path:
     directory per run made every engine start autotune FLA's chunk-KDA kernels again (about 2 minutes per rank)."""
     return Path(tempfile.gettempdir()) / f"solar_open2_perf_{name}_model"
 
+def model_dir_for(a)->Path:
+    "Where a run writes its config.json: `--model-dir`, else the config's fixed path."
+    return Path(a.model_dir) if a.model_dir else stable_model_dir(a.config)
+
 def write_model_dir(name:str, path:Path)->Path:
     "Write `config.json` (only that: dummy weights, no tokenizer) into `path`; returns the directory."
     path = Path(path); path.mkdir(parents=True, exist_ok=True)
@@ -961,7 +965,7 @@ def run_phase(a, phase:str, argv:list)->int:
                              "entry_point_seen": str(installed_entry_point())}
             res["versions"] = versions()
             from vllm import LLM
-            model_dir = write_model_dir(a.config, a.model_dir or stable_model_dir(a.config))
+            model_dir = write_model_dir(a.config, model_dir_for(a))
             a._profile_dir = str(work / "profile") if a.profile else None
             kw = engine_kwargs(a, model_dir, phase, a._profile_dir)
             res["engine"] = {"kwargs": {k: v for k, v in kw.items() if k != "model"}}

@@ -60,6 +60,9 @@ def test_default_model_dir_is_one_fixed_path_per_config(tmp_path):
     "vLLM's compile cache (and the autotuning results in it) is keyed on the model path: it must not change per run."
     assert ph.stable_model_dir("real") == ph.stable_model_dir("real") != ph.stable_model_dir("tiny")
     assert ph.stable_model_dir("real").parent == Path(tempfile.gettempdir())
+    assert ph.model_dir_for(ph.parse_args(["--phase", "graphs"])) == ph.stable_model_dir("real")   # what run_phase writes to
+    assert ph.model_dir_for(ph.parse_args(["--phase", "graphs", "--config", "tiny"])) == ph.stable_model_dir("tiny")
+    assert ph.model_dir_for(ph.parse_args(["--phase", "graphs", "--model-dir", str(tmp_path)])) == tmp_path
     d = tmp_path / "m"
     first = ph.write_model_dir("real", d).joinpath("config.json").read_text()
     assert ph.write_model_dir("real", d).joinpath("config.json").read_text() == first   # a second run rewrites it unchanged
