@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import git_commit, int_list, kda_gates_module, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -109,8 +109,7 @@ FMA_TILES = ((1, 4096, 8), (2, 4096, 8), (4, 2048, 4), (8, 1024, 4, 2), (4, 128,
 def fma_linear(x, w, tile):
     "`x @ w.T` through chapter 08h's `kda_gates_kernel` (one problem); x [M <= 8, K], w [N, K], any float dtype."
     import torch
-    from kda_gates_h200 import load_module
-    kg = load_module(None)
+    kg = kda_gates_module()
     M, K = x.shape; N = w.shape[0]
     if M > kg.MAX_TOKENS: raise ValueError(f"fma_linear takes at most {kg.MAX_TOKENS} tokens, got {M}")
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)

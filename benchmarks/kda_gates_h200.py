@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import git_commit, int_list, kda_gates_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -37,26 +37,12 @@ def real_shapes(cfg:SolarOpen2Config, tp:int=TP)->dict:
     "One KDA layer's gate GEMMs on one rank: d (hidden), r (rank), P (the gates' width on the rank)."
     return dict(d=cfg.hidden_size, r=cfg.kda_gate_rank, P=cfg.kda_num_heads * cfg.kda_head_dim // tp)
 
-def load_module(no_op:bool|None):
-    """`solar_open2.vllm.kda_gates`. With `no_op` (a machine without vLLM), vLLM's op registration is stubbed out
-    first: only this process sees the stub, and the kernels, wrappers and checks are the module's own. `None`: stub
-    only if vLLM does not import."""
-    import types
-    if no_op is None:
-        try: import vllm.utils.torch_utils  # noqa: F401
-        except ImportError: no_op = True
-    if no_op and "vllm.utils.torch_utils" not in sys.modules:
-        for name in ("vllm", "vllm.utils", "vllm.utils.torch_utils"): sys.modules[name] = types.ModuleType(name)
-        sys.modules["vllm.utils.torch_utils"].direct_register_custom_op = lambda **kw: None
-    from solar_open2.vllm import kda_gates
-    return kda_gates
-
 def run(tokens=(1, 2, 4, 8), a_tiles=A_TILES, b_tiles=B_TILES, reps:int=50, deadline_s:float=90.0, out_paths=(),
         device:str="cuda", shapes:dict|None=None, timer=None, no_op:bool=False, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
     """Check, then per token count time the module path, each launch over its tiles and the best pair; returns the
     result dict (also written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
     import torch, triton
-    kg = load_module(no_op)
+    kg = kda_gates_module(no_op)
     t0 = time.perf_counter()
     shp, timer = dict(shapes or real_shapes(SolarOpen2Config.real())), timer or time_graph
     d, r, P = shp["d"], shp["r"], shp["P"]

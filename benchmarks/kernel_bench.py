@@ -1,7 +1,7 @@
 """What the benchmark scripts share: the CUDA-graph timer and the integer-list and tile-list flags of the single-GPU
-kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`), and the commit every result JSON
-records (those and `perf_h200.py`)."""
-import argparse, subprocess
+kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`), chapter 08h's module without vLLM
+(the last two), and the commit every result JSON records (those and `perf_h200.py`)."""
+import argparse, subprocess, sys
 from pathlib import Path
 
 def time_graph(fns:list, reps:int)->float:
@@ -41,3 +41,17 @@ def tile_list(s:str)->tuple:
     "argparse type: comma-separated tiles, each `x`-separated integers (`2x512x4x3,1x1024x4x3`)."
     try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
     except ValueError: raise argparse.ArgumentTypeError(f"expected tiles of x-separated integers, comma-separated (2x512x4x3,...), got {s!r}")
+
+def kda_gates_module(no_op:bool|None=None):
+    """`solar_open2.vllm.kda_gates`. With `no_op` (a machine without vLLM), vLLM's op registration is stubbed out
+    first: only this process sees the stub, and the kernels, wrappers and checks are the module's own. `None`: stub
+    only if vLLM does not import."""
+    import types
+    if no_op is None:
+        try: import vllm.utils.torch_utils  # noqa: F401
+        except ImportError: no_op = True
+    if no_op and "vllm.utils.torch_utils" not in sys.modules:
+        for name in ("vllm", "vllm.utils", "vllm.utils.torch_utils"): sys.modules[name] = types.ModuleType(name)
+        sys.modules["vllm.utils.torch_utils"].direct_register_custom_op = lambda **kw: None
+    from solar_open2.vllm import kda_gates
+    return kda_gates
