@@ -2,7 +2,8 @@
 
 Under CI (`CI` set, as `.ci/run` does) hypothesis runs derandomized, so a submission's result does not depend on the
 draw; locally it explores new examples on every run (that is how the FP8-subnormal block-scale case was found)."""
-import os
+import os, subprocess, sys
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +21,15 @@ def tiny_checkpoints(tmp_path_factory):
     from solar_open2.checkpoint import TINY_FORMATS, make_tiny
     root = tmp_path_factory.mktemp("tiny")
     return {f: make_tiny(root / f, f) for f in TINY_FORMATS}
+
+
+@pytest.fixture
+def interpreted():
+    """`run(code)`: Python `code` in a fresh process with Triton's interpreter on (it must be set before Triton is
+    imported), from the repository root; returns its stdout. A non-zero exit fails the test with stderr's tail."""
+    def run(code:str, timeout:int=900)->str:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                           cwd=Path(__file__).resolve().parents[1], env={**os.environ, "TRITON_INTERPRET": "1"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stdout
+    return run

@@ -1,5 +1,5 @@
 "The dense-GEMV benchmark script (benchmarks/gemv_h200.py): shapes from the config, its logic on the CPU, its GPU run."
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -28,7 +28,7 @@ def test_no_gpu_exits_2_and_bad_flags_name_themselves():
     r = subprocess.run([sys.executable, str(SCRIPT), "--methods", "cublas,fast"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--methods" in r.stderr
 
-def test_run_on_cpu_under_the_interpreter(tmp_path):
+def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "Checks, timing loop, weight copies, per-step totals and JSON, with small shapes, Triton's interpreter, a fake timer."
     code = f"""
 import json, sys
@@ -43,9 +43,7 @@ res = g.run(tokens=(1, 3), methods=("cublas", "triton"), tiles=((16, 32, 4, 1), 
             out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=shapes, l2_bytes=20000, max_copies=4,
             timer=timer)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
+    out = interpreted(code)
     res = json.loads((tmp_path / "r.json").read_text())
     assert not [t for t in res["timings"] if "error" in t] and not res["skipped"]
     assert all(c["rel_err"] < (1e-5 if c["shape"] == "r" else 2e-2) for c in res["checks"]) and len(res["checks"]) == 12
@@ -60,7 +58,7 @@ res = g.run(tokens=(1, 3), methods=("cublas", "triton"), tiles=((16, 32, 4, 1), 
                               "triton_M1": 3 * 94 + 2 * 92, "triton_M3": 3 * 90 + 2 * 88}
     assert res["step_bytes"] == 3 * 40 * 64 * 2 + 2 * 24 * 32 * 4
 
-def test_fma_method_on_cpu_under_the_interpreter(tmp_path):
+def test_fma_method_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "`fma` (chapter 08h's kernel as a GEMV): bf16 and fp32 weights checked against fp64, its own tiles, the faster one kept."
     code = f"""
 import json, sys
@@ -74,9 +72,7 @@ shapes = [dict(name="a", N=40, K=64, dtype="bfloat16", per_step=3), dict(name="r
 res = g.run(tokens=(1, 5), methods=("fma",), fma_tiles=((2, 32, 4), (4, 64, 4, 2)), reps=1, deadline_s=600,
             out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=shapes, l2_bytes=4000, max_copies=2, timer=timer)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
+    out = interpreted(code)
     res = json.loads((tmp_path / "r.json").read_text())
     assert not [t for t in res["timings"] if "error" in t] and len(res["checks"]) == 8
     assert all(c["rel_err"] < (1e-6 if c["shape"] == "r" else 2e-2) for c in res["checks"])   # fp32: exact sums

@@ -1,5 +1,5 @@
 "The KDA low-rank gate benchmark (benchmarks/kda_gates_h200.py): its logic on the CPU, its GPU run when there is one."
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -25,7 +25,7 @@ def test_real_shapes_and_the_check_rule():
     assert not m.checks_pass([{"dtype": "float32", "rel_rms": 2e-6, "plain_rel_rms": 0.0}])
 
 @pytest.mark.parametrize("no_op", [False, True])
-def test_run_on_cpu_under_the_interpreter(tmp_path, no_op):
+def test_run_on_cpu_under_the_interpreter(tmp_path, no_op, interpreted):
     "The whole script path (checks, per-launch and joint timing, bytes, JSON) at small shapes, the interpreter, a fake timer."
     code = f"""
 import json, sys
@@ -41,10 +41,8 @@ res = m.run(tokens=(1, 3, 20), a_tiles=((2, 32, 4), (4, 64, 4)), b_tiles=((16, 1
             deadline_s=600, no_op={no_op}, l2_bytes=20000)
 print(json.dumps(n[0]))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == 12                 # 6 timings per token count, 20 skipped
+    out = interpreted(code)
+    assert json.loads(out.strip().splitlines()[-1]) == 12                 # 6 timings per token count, 20 skipped
     res = json.loads((tmp_path / "r.json").read_text())
     assert all(c["rel_rms"] < 1e-6 for c in res["checks"] if c["dtype"] == "float32")
     assert [c["kind"] for c in res["checks"]][-2:] == ["real shapes"] * 2

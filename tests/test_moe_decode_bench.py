@@ -1,5 +1,5 @@
 "The batch-1 NVFP4 MoE benchmark script (benchmarks/moe_decode_h200.py): its logic on the CPU, its GPU run when there is one."
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -22,7 +22,7 @@ def test_bytes_per_expert_at_the_real_shapes():
     assert b == {"w13": 2 * (640 * (2048 + 256) + 8), "w2": 4096 * (320 + 40) + 8}   # codes + block scales + global scale
     assert 8 * (b["w13"] + b["w2"]) / 4.8e12 * 1e6 == pytest.approx(7.37, abs=0.01)   # one token's experts at 4.8 TB/s
 
-def test_run_on_cpu_under_the_interpreter(tmp_path):
+def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks, per-kernel and joint timing, bytes, JSON) with small shapes, the interpreter, a fake timer."
     code = f"""
 import json, sys
@@ -37,10 +37,8 @@ res = m.run(tokens=(1, 3), gate_up_tiles=((2, 64, 4, 1), (4, 32, 4, 2)), down_ti
             timer=timer, deadline_s=600, rotations=2)
 print(json.dumps(calls))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [2] * 8                 # every timing rotates 2 routings
+    out = interpreted(code)
+    assert json.loads(out.strip().splitlines()[-1]) == [2] * 8                 # every timing rotates 2 routings
     res = json.loads((tmp_path / "r.json").read_text())
     assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and len(res["checks"]) == 7   # 6 small + 1 at the given shapes
     assert [t["kernel"] for t in res["timings"]] == ["gate_up", "gate_up", "down", "both"] * 2 and not res["skipped"]
@@ -52,7 +50,7 @@ print(json.dumps(calls))
     assert b["both"]["bytes"] == round(2 * (per13 + per2)) and res["best"]["3"]["both"]["distinct_experts"] <= 6
     assert res["best"]["3"]["gate_up"]["tile"] == [4, 32, 4, 2]
 
-def test_shared_expert_contention_rows_on_cpu(tmp_path):
+def test_shared_expert_contention_rows_on_cpu(tmp_path, interpreted):
     "`--shared`: per gate/up tile the routed pair, the shared expert (timed once), serial and two streams, in that order."
     code = f"""
 import json, sys
@@ -67,10 +65,8 @@ res = m.run(tokens=(1,), gate_up_tiles=((2, 64, 4, 1),), down_tiles=((16, 32, 4,
             shared_tiles=((2, 64, 4, 1), (4, 32, 4, 2)))
 print(json.dumps(res["shared"]))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=ROOT,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = json.loads(r.stdout.strip().splitlines()[-1])
+    out = interpreted(code)
+    a, b = json.loads(out.strip().splitlines()[-1])
     assert a["gate_up_tile"] == [2, 64, 4, 1] and a["down_tile"] == [16, 32, 4, 3]     # the main run's best down tile
     assert (a["shared_us"], a["routed_us"], a["serial_us"], a["two_streams_us"]) == (30.0, 19.0, 25.0, 20.0)
     assert a["overlap_gain_us"] == 5.0 and a["contention_us"] == -10.0
