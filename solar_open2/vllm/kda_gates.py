@@ -12,11 +12,12 @@ from triton import language as tl
 
 from vllm.utils.torch_utils import direct_register_custom_op
 
+from ..nvfp4 import relative_rms
 from . import KDA_GATE_KERNEL, plugin_flag
 
 # %% auto #0
 __all__ = ['MAX_TOKENS', 'GATE_TILES', 'GATE_CHECK_CASES', 'KDA_GATES_OP_NAME', 'kda_gates_torch', 'kda_gates_kernel',
-           'gate_tiles_for', 'kda_gates_triton', 'self_check', 'kda_gates', 'kda_gate_kernel_enabled',
+           'gate_tiles_for', 'kda_gates_triton', 'self_check', 'checks_pass', 'kda_gates', 'kda_gate_kernel_enabled',
            'gate_kernel_applies']
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00006
@@ -120,8 +121,6 @@ GATE_CHECK_CASES = (   # (T, d, r, P, A tile, B tile)
     (2, 128, 16, 24, (2, 32, 4, 3), (8, 8, 4, 2)),  # pipelined K loops
 )
 
-def _rel_rms(a:torch.Tensor, b:torch.Tensor)->float: return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt())
-
 def self_check(cases=GATE_CHECK_CASES, device:str="cpu", dtypes=("float32", "bfloat16"), seed:int=0, cross:bool=False)->list:
     """Per case and dtype, the relative RMS against an fp32 reference with the module path's one intermediate rounding
     (to the activation dtype) of `kda_gates_triton` (`rel_rms`) and of `kda_gates_torch` (`plain_rel_rms`: what the
@@ -135,8 +134,12 @@ def self_check(cases=GATE_CHECK_CASES, device:str="cpu", dtypes=("float32", "bfl
             ref = torch.cat([y[:, :r] @ wfb.float().T, y[:, r:] @ wgb.float().T], -1)   # [T, 2P] fp32
             got = torch.cat(kda_gates_triton(x, wa, wgb if cross else wfb, wfb if cross else wgb, tiles=(ta, tb)), -1).float()
             plain = torch.cat(kda_gates_torch(x, wa, wfb, wgb), -1).float()
-            out.append({"case": [T, d, r, P], "dtype": dn, "rel_rms": _rel_rms(got, ref), "plain_rel_rms": _rel_rms(plain, ref)})
+            out.append({"case": [T, d, r, P], "dtype": dn, "rel_rms": relative_rms(got, ref), "plain_rel_rms": relative_rms(plain, ref)})
     return out
+
+def checks_pass(checks:list)->bool:
+    "The GPU bound: fp32 within 1e-6 of the reference; bf16 no further than 1.5x the library GEMMs' distance plus 1e-3."
+    return all(c["rel_rms"] < (1e-6 if c["dtype"] == "float32" else 1.5 * c["plain_rel_rms"] + 1e-3) for c in checks)
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00011
 KDA_GATES_OP_NAME = "solar_open2_kda_gates"
