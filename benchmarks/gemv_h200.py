@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, kda_gates_module, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import git_commit, int_list, kda_gates_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -113,7 +113,7 @@ def fma_linear(x, w, tile):
     M, K = x.shape; N = w.shape[0]
     if M > kg.MAX_TOKENS: raise ValueError(f"fma_linear takes at most {kg.MAX_TOKENS} tokens, got {M}")
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    kg._launch([(x, w, out)], M, N, K, tile)
+    kg.gemv_launch([(x, w, out)], M, N, K, tile)
     return out
 
 def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_paths=(), device:str="cuda",
@@ -194,6 +194,8 @@ def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=(1, 8))
     ap.add_argument("--methods", type=_methods, default=METHODS)
+    ap.add_argument("--tiles", type=tile_list, default=TILES, help="triton tiles: BLOCK_NxBLOCK_KxWARPSxSTAGES, comma-separated")
+    ap.add_argument("--fma-tiles", type=tile_list, default=FMA_TILES, help="fma tiles: BLOCK_NxBLOCK_KxWARPS[xSTAGES], comma-separated")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--deadline-s", type=float, default=240.0, help="start no timing after this many seconds")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
@@ -202,7 +204,7 @@ def main(argv=None)->int:
     if not torch.cuda.is_available():
         print("gemv_h200: no CUDA device", file=sys.stderr); return 2
     outs = [RESULTS / "gemv_h200.json"] + ([a.out / "gemv_h200.json"] if a.out else [])
-    res = run(a.tokens, a.methods, reps=a.reps, deadline_s=a.deadline_s, out_paths=outs)
+    res = run(a.tokens, a.methods, tiles=a.tiles, fma_tiles=a.fma_tiles, reps=a.reps, deadline_s=a.deadline_s, out_paths=outs)
     for k, v in res["step_us"].items(): print(f"{k}: {v} us per step for {res['step_bytes'] / 1e9:.2f} GB "
                                               f"({res['step_bytes'] / v / 1e6:.2f} TB/s)")
     bad = [r for r in res["timings"] if "error" in r]

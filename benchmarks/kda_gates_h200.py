@@ -91,8 +91,8 @@ def run(tokens=(1, 2, 4, 8), a_tiles=A_TILES, b_tiles=B_TILES, reps:int=50, dead
         for kind, tiles, nb in (("a", a_tiles, a_bytes), ("b", b_tiles, b_bytes)):
             for tile in tiles:
                 if late(): res["skipped"].append({"tokens": T, "kernel": kind, "tile": list(tile)}); continue
-                if kind == "a": fns = [lambda x=x, w=w, y=y: kg._launch([(x, w[0], y)], T, 2 * r, d, tile) for x, w, y in zip(xs, W, ys)]
-                else: fns = [lambda w=w, y=y: kg._launch([(y[:, :r], w[1], outs[0]), (y[:, r:], w[2], outs[1])], T, P, r, tile)
+                if kind == "a": fns = [lambda x=x, w=w, y=y: kg.gemv_launch([(x, w[0], y)], T, 2 * r, d, tile) for x, w, y in zip(xs, W, ys)]
+                else: fns = [lambda w=w, y=y: kg.gemv_launch([(y[:, :r], w[1], outs[0]), (y[:, r:], w[2], outs[1])], T, P, r, tile)
                              for w, y in zip(W, ys)]
                 try: rr = row(T, kind, list(tile), timer(fns, reps), nb)
                 except Exception as e:                                       # record, keep going

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 # %% auto #0
-__all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL',
+__all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL', 'GEMV_KERNEL',
            'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE', 'plugin_flag', 'register']
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #b8ef2976
@@ -20,6 +20,7 @@ KDA_OP_NAME = "solar_open2_kda_attention"                     # our custom op, r
 KDA_OP = "vllm::" + KDA_OP_NAME                               # the name CompilationConfig splits graphs at
 FUSE_KDA_PROJ = "solar_open2_fuse_kda_proj"                   # additional_config key: fused KDA projections (default on)
 KDA_GATE_KERNEL = "solar_open2_kda_gate_kernel"               # additional_config key: low-rank gates through 08h's kernels (default off)
+GEMV_KERNEL = "solar_open2_gemv_kernel"                       # additional_config key: small-batch dense projections through 08i's kernels (default off)
 VLLM_VERSION = "0.25.1"                                       # the engine this plugin is written against
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`
 PARSER_NAME = "solar_open2"                                   # --reasoning-parser / --tool-call-parser name

@@ -17,8 +17,8 @@ from . import KDA_GATE_KERNEL, plugin_flag
 
 # %% auto #0
 __all__ = ['MAX_TOKENS', 'GATE_TILES', 'GATE_CHECK_CASES', 'KDA_GATES_OP_NAME', 'kda_gates_torch', 'kda_gates_kernel',
-           'gate_tiles_for', 'kda_gates_triton', 'self_check', 'checks_pass', 'kda_gates', 'kda_gate_kernel_enabled',
-           'gate_kernel_applies']
+           'gate_tiles_for', 'gemv_launch', 'kda_gates_triton', 'self_check', 'checks_pass', 'kda_gates',
+           'kda_gate_kernel_enabled', 'gate_kernel_applies']
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00006
 MAX_TOKENS = 8               # the kernels' limit (decode batches, as measured); more tokens take `kda_gates_torch` (cuBLAS)
@@ -83,8 +83,8 @@ def gate_tiles_for(T:int)->tuple:
     "The (A, B) tiles for `T` tokens."
     return next(((a, b) for m, a, b in GATE_TILES if T <= m), GATE_TILES[-1][1:])
 
-def _launch(problems:list, T:int, N:int, K:int, tile:tuple)->None:
-    "One launch of `kda_gates_kernel` over one or two (x, w, y) problems of equal shapes and strides."
+def gemv_launch(problems:list, T:int, N:int, K:int, tile:tuple)->None:
+    "One launch of `kda_gates_kernel` over one or two (x, w, y) problems of equal shapes and strides (chapter 08i launches single GEMVs with it)."
     bn, bk, nw, ns = (tuple(tile) + (1,))[:4]
     (x0, w0, y0), (x1, w1, y1) = problems[0], problems[-1]
     bk = min(bk, triton.next_power_of_2(K))
@@ -107,9 +107,9 @@ def kda_gates_triton(x:torch.Tensor, # [T, d], T <= MAX_TOKENS
     ta, tb = tiles or gate_tiles_for(T)
     y = torch.empty(T, 2 * r, dtype=x.dtype, device=x.device)                # [T, 2r]: fa | ga
     if T == 0: return y.new_empty(0, P), y.new_empty(0, P)
-    _launch([(x, wa, y)], T, 2 * r, d, ta)
+    gemv_launch([(x, wa, y)], T, 2 * r, d, ta)
     g1, g2 = (torch.empty(T, P, dtype=x.dtype, device=x.device) for _ in range(2))
-    _launch([(y[:, :r], wfb, g1), (y[:, r:], wgb, g2)], T, P, r, tb)          # y[:, :r]: fa, stride 2r
+    gemv_launch([(y[:, :r], wfb, g1), (y[:, r:], wgb, g2)], T, P, r, tb)          # y[:, :r]: fa, stride 2r
     return g1, g2
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a0000e
