@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import triton
 from triton import language as tl
 
+import vllm.envs as envs
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
 from vllm.utils.torch_utils import direct_register_custom_op
@@ -155,20 +156,21 @@ if not hasattr(torch.ops.vllm, GEMV_OP_NAME):
     direct_register_custom_op(op_name=GEMV_OP_NAME, op_func=_gemv_op, mutates_args=[], fake_impl=_gemv_op_fake)
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00019
-def _gemv_apply(parent, layer, x:torch.Tensor, bias:torch.Tensor|None)->torch.Tensor:
-    import vllm.envs as envs
-    if bias is not None or not x.is_cuda or envs.VLLM_BATCH_INVARIANT: return parent.apply(layer, x, bias)
-    return torch.ops.vllm.solar_open2_gemv(x, layer.weight)
+def _use_op(x:torch.Tensor, bias:torch.Tensor|None)->bool:
+    "Whether a linear call goes to the op: CUDA, no bias, not vLLM's batch-invariant mode."
+    return bias is None and x.is_cuda and not envs.VLLM_BATCH_INVARIANT
 
 class GemvLinearMethod(UnquantizedLinearMethod):
     "vLLM's unquantized linear method; bias-free CUDA calls go through `solar_open2_gemv`."
     def apply(self, layer:torch.nn.Module, x:torch.Tensor, bias:torch.Tensor|None=None)->torch.Tensor:
-        return _gemv_apply(super(), layer, x, bias)
+        if _use_op(x, bias): return torch.ops.vllm.solar_open2_gemv(x, layer.weight)
+        return super().apply(layer, x, bias)            # (written out in each class: Dynamo cannot pass super() around)
 
 class GemvEmbeddingMethod(UnquantizedEmbeddingMethod):
     "vLLM's unquantized LM-head method; bias-free CUDA calls go through `solar_open2_gemv` (the embedding is unchanged)."
     def apply(self, layer:torch.nn.Module, x:torch.Tensor, bias:torch.Tensor|None=None)->torch.Tensor:
-        return _gemv_apply(super(), layer, x, bias)
+        if _use_op(x, bias): return torch.ops.vllm.solar_open2_gemv(x, layer.weight)
+        return super().apply(layer, x, bias)
 
 def use_gemv_kernels(model:torch.nn.Module, table:dict|None=None)->list:
     "Give every unquantized linear layer and LM head of `model` whose weight shape `table` names the GEMV method; their names."
