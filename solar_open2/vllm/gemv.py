@@ -17,12 +17,12 @@ from vllm.utils.torch_utils import direct_register_custom_op
 
 from ..nvfp4 import relative_rms
 from . import GEMV_KERNEL, plugin_flag
-from .kda_gates import MAX_TOKENS, gemv_launch
+from .kda_gates import MAX_TOKENS, gemv_block
 
 # %% auto #0
-__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'gemv_torch', 'gemv_mma_kernel',
-           'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv', 'GemvLinearMethod', 'GemvEmbeddingMethod',
-           'use_gemv_kernels', 'gemv_kernel_enabled']
+__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'gemv_torch', 'gemv_fma_kernel',
+           'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv', 'GemvLinearMethod',
+           'GemvEmbeddingMethod', 'use_gemv_kernels', 'gemv_kernel_enabled']
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00006
 def _check(x:torch.Tensor, w:torch.Tensor)->tuple:
@@ -41,6 +41,13 @@ def gemv_torch(x:torch.Tensor, # [T, K]
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00009
 MMA_TOKENS = 16              # tl.dot's smallest M: the tensor-core kernel pads the tokens to this
+
+@triton.jit
+def gemv_fma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt,
+                    BLOCK_T:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
+    "Chapter 08h's `gemv_block` as a kernel of its own: y[T, rows] = x[T, K] · W[rows, K]^T, fp32 FMAs."
+    gemv_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, tl.program_id(0),
+               BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
 
 @triton.jit
 def gemv_mma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt,
@@ -80,9 +87,12 @@ def gemv_triton(x:torch.Tensor, # [T, K], T <= 8 (fma) or 16 (mma), unit stride 
         if t.stride(-1) != 1: raise ValueError(f"{n} must have unit stride in its last dimension")
     y = torch.empty(T, N, dtype=x.dtype, device=x.device)
     if T == 0: return y
-    if kind == "fma": gemv_launch([(x, w, y)], T, N, K, tile)
+    bn, bk, nw, ns = (tuple(tile) + (1,))[:4]
+    if kind == "fma":
+        gemv_fma_kernel[(triton.cdiv(N, bn),)](x, w, y, T, N, K, x.stride(0), w.stride(0), y.stride(0),
+            BLOCK_T=max(1, triton.next_power_of_2(T)), BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(K)),
+            NUM_STAGES=ns, num_warps=nw)
     else:
-        bn, bk, nw, ns = (tuple(tile) + (1,))[:4]
         gemv_mma_kernel[(triton.cdiv(N, bn),)](x, w, y, T, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_N=bn,
             BLOCK_K=min(bk, max(16, triton.next_power_of_2(K))), NUM_STAGES=ns, IEEE=w.dtype == torch.float32,
             UPCAST=not x.is_cuda, num_warps=nw)

@@ -16,9 +16,9 @@ from ..nvfp4 import relative_rms
 from . import KDA_GATE_KERNEL, plugin_flag
 
 # %% auto #0
-__all__ = ['MAX_TOKENS', 'GATE_TILES', 'GATE_CHECK_CASES', 'KDA_GATES_OP_NAME', 'kda_gates_torch', 'kda_gates_kernel',
-           'gate_tiles_for', 'gemv_launch', 'kda_gates_triton', 'self_check', 'checks_pass', 'kda_gates',
-           'kda_gate_kernel_enabled', 'gate_kernel_applies']
+__all__ = ['MAX_TOKENS', 'GATE_TILES', 'GATE_CHECK_CASES', 'KDA_GATES_OP_NAME', 'kda_gates_torch', 'gemv_block',
+           'kda_gates_kernel', 'gate_tiles_for', 'gemv_launch', 'kda_gates_triton', 'self_check', 'checks_pass',
+           'kda_gates', 'kda_gate_kernel_enabled', 'gate_kernel_applies']
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00006
 MAX_TOKENS = 8               # the kernels' limit (decode batches, as measured); more tokens take `kda_gates_torch` (cuBLAS)
@@ -46,7 +46,7 @@ def kda_gates_torch(x:torch.Tensor, # [T, d] normed hidden states
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00009
 @triton.jit
-def _gemv_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid,
+def gemv_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid,
                 BLOCK_T:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
     "y[:, rows] = x[T, K] · W[rows, K]^T for this program's `BLOCK_N` rows, fp32 sums, stored in y's dtype."
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)                              # [BN]
@@ -69,9 +69,9 @@ def kda_gates_kernel(x0_ptr, w0_ptr, y0_ptr, x1_ptr, w1_ptr, y1_ptr, T, N, K, st
     "Grid (row blocks, problems): problem 0 is y0 = x0 · W0^T, problem 1 (if launched) y1 = x1 · W1^T, same shapes."
     pid, which = tl.program_id(0), tl.program_id(1)
     if which == 0:
-        _gemv_block(x0_ptr, w0_ptr, y0_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid, BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
+        gemv_block(x0_ptr, w0_ptr, y0_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid, BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
     else:
-        _gemv_block(x1_ptr, w1_ptr, y1_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid, BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
+        gemv_block(x1_ptr, w1_ptr, y1_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid, BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a0000b
 # (max tokens, A tile, B tile), tiles = (BLOCK_N, BLOCK_K, num_warps[, num_stages = 1]): benchmarks/kda_gates_h200.py, one H200, real
