@@ -813,4 +813,6 @@ d = { 'settings': { 'branch': 'main',
                                           'solar_open2.vllm.testing.run_layer': ( 'vllm_testing.html#run_layer',
                                                                                   'solar_open2/vllm/testing.py'),
                                           'solar_open2.vllm.testing.same_values': ( 'vllm_testing.html#same_values',
-                                                                                    'solar_open2/vllm/testing.py')}}}
+                                                                                    'solar_open2/vllm/testing.py'),
+                                          'solar_open2.vllm.testing.triton_interpreted': ( 'vllm_testing.html#triton_interpreted',
+                                                                                           'solar_open2/vllm/testing.py')}}}
