@@ -10,10 +10,10 @@ count and to low parallelism. This script asks how much of that a different GEMM
 wired into the plugin:
 
 - `cublas`: `torch.nn.functional.linear`, what vLLM's unquantized linear and inductor's extern mm call;
-- `triton`: `gemv_kernel` below, tensor-core dots with the token rows padded to 16, no split-K, pipelined K loop,
-  over a few tiles (the fastest is reported);
-- `fma`: chapter 08h's small-batch kernel (`kda_gates_kernel`, one problem): fp32 multiply-adds on the CUDA cores,
-  the whole reduction inside the program, no split-K, no tensor cores, over `FMA_TILES`;
+- `triton`: chapter 08i's `gemv_mma_kernel` (`gemv_triton(..., "mma", tile)`), tensor-core dots with the token rows
+  padded to 16, no split-K, pipelined K loop, over `TILES` (the fastest is reported);
+- `fma`: chapter 08i's `gemv_fma_kernel` (08h's small-batch GEMV block): fp32 multiply-adds on the CUDA cores, the
+  whole reduction inside the program, no split-K, no tensor cores, over `FMA_TILES`;
 - `autotune`: `torch.compile(mode="max-autotune-no-cudagraphs")` of the same linear at the static shape, that is
   inductor benchmarking its Triton templates against cuBLAS, which is what `perf_h200.py --compile-sizes 1,2,4,8
   --max-autotune` would give the engine.
@@ -21,7 +21,8 @@ wired into the plugin:
 Each timing captures calls on different weight copies (enough to exceed 200 MB, so the weights come from HBM as in
 the engine, where ~10 GB pass between two reads of one matrix) in one CUDA graph and replays it. Reported per shape:
 microseconds and TB/s; per method: the step total, sum over shapes of (uses per step x time), the figure to compare
-with the profile's dense-GEMM family. Needs only torch and triton (no vLLM, no staging).
+with the profile's dense-GEMM family. Needs only torch and triton: without vLLM (`--no-op`, or when it does not
+import) the plugin module is loaded with its few vLLM names stubbed (`kernel_bench.plugin_module`).
 
 Output: `benchmarks/results/gemv_h200.json` (and `$OUT/` when set), written after every timing.
 """
@@ -32,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, kda_gates_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import git_commit, int_list, plugin_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -63,64 +64,16 @@ def dense_shapes(cfg:SolarOpen2Config, tp:int=TP)->list:
         dict(name="lm_head", N=vocab // tp, K=H, dtype="bfloat16", per_step=1),
     ]
 
-def gemv_kernel_src():
-    "Defined on first use, so that importing this script (the CPU tests) does not need Triton's JIT set up."
-    import triton, triton.language as tl
-
-    @triton.jit
-    def gemv_kernel(x_ptr, w_ptr, o_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                    BLOCK_M:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
-                    IEEE:tl.constexpr, UPCAST:tl.constexpr):
-        "out[M, BLOCK_N] = x[M, K] · W[rows, K]^T for one block of rows: M <= BLOCK_M tokens, fp32 accumulation."
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        ms = tl.arange(0, BLOCK_M)
-        ks = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            kk = k0 + ks
-            x = tl.load(x_ptr + ms[:, None] * stride_xm + kk[None, :], mask=(ms[:, None] < M) & (kk[None, :] < K), other=0.0)
-            w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=(rows[:, None] < N) & (kk[None, :] < K), other=0.0)
-            if UPCAST: x, w = x.to(tl.float32), w.to(tl.float32)      # Triton's interpreter: its bf16 dot is wrong
-            if IEEE or UPCAST: acc += tl.dot(x, tl.trans(w), input_precision="ieee")   # fp32 weights (the router)
-            else: acc += tl.dot(x, tl.trans(w))                                      # [BM, BK] x [BK, BN]
-        tl.store(o_ptr + ms[:, None] * stride_om + rows[None, :], acc.to(o_ptr.dtype.element_ty),
-                 mask=(ms[:, None] < M) & (rows[None, :] < N))
-    return gemv_kernel
-
-_KERNEL = []
-
-def triton_linear(x, w, tile):
-    "`x @ w.T` through `gemv_kernel` with `tile` = (BLOCK_N, BLOCK_K, warps, stages); x [M <= 16, K], w [N, K]."
-    import torch
-    if not _KERNEL: _KERNEL.append(gemv_kernel_src())
-    M, K = x.shape; N = w.shape[0]
-    if M > 16: raise ValueError(f"triton_linear takes at most 16 tokens, got {M}")
-    bn, bk, nw, ns = tile
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    _KERNEL[0][(-(-N // bn),)](x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
-                               BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=ns, IEEE=w.dtype == torch.float32, UPCAST=not x.is_cuda,
-                               num_warps=nw)
-    return out
-
 METHODS = ("cublas", "triton", "fma", "autotune")
-FMA_TILES = ((1, 4096, 8), (2, 4096, 8), (4, 2048, 4), (8, 1024, 4, 2), (4, 128, 1))   # 08h's (BLOCK_N, BLOCK_K, warps[, stages])
-
-def fma_linear(x, w, tile):
-    "`x @ w.T` through chapter 08h's `kda_gates_kernel` (one problem); x [M <= 8, K], w [N, K], any float dtype."
-    import torch
-    kg = kda_gates_module()
-    M, K = x.shape; N = w.shape[0]
-    if M > kg.MAX_TOKENS: raise ValueError(f"fma_linear takes at most {kg.MAX_TOKENS} tokens, got {M}")
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    kg.gemv_launch([(x, w, out)], M, N, K, tile)
-    return out
+FMA_TILES = ((1, 4096, 8), (2, 4096, 8), (4, 2048, 4), (8, 1024, 4, 2), (4, 128, 1))   # (BLOCK_N, BLOCK_K, warps[, stages])
 
 def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_paths=(), device:str="cuda",
-        shapes:list|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, fma_tiles=FMA_TILES)->dict:
+        shapes:list|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, fma_tiles=FMA_TILES,
+        no_op:bool|None=None)->dict:
     """Check each method against fp32, then time it at every shape and token count; returns the result dict (also
     written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test (Triton's interpreter, a fake timer)."""
     import torch, torch.nn.functional as F
+    gm = plugin_module("gemv", no_op)                              # chapter 08i: the kernels the plugin runs
     t0 = time.perf_counter()
     shapes, timer = shapes or dense_shapes(SolarOpen2Config.real()), timer or time_graph
     res = {"schema": 1, "benchmark": "gemv_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
@@ -140,8 +93,7 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
         torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 4096
     def call(method, x, w, tile=None):
         if method == "cublas": return F.linear(x, w)
-        if method == "triton": return triton_linear(x, w, tile)
-        if method == "fma": return fma_linear(x, w, tile)
+        if method in ("triton", "fma"): return gm.gemv_triton(x, w, "mma" if method == "triton" else "fma", tile)
         if (x.shape, w.shape, w.dtype) not in compiled:
             compiled[(x.shape, w.shape, w.dtype)] = torch.compile(lambda a, b: F.linear(a, b), mode="max-autotune-no-cudagraphs",
                                                                  dynamic=False, fullgraph=True)
@@ -198,13 +150,14 @@ def main(argv=None)->int:
     ap.add_argument("--fma-tiles", type=tile_list, default=FMA_TILES, help="fma tiles: BLOCK_NxBLOCK_KxWARPS[xSTAGES], comma-separated")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--deadline-s", type=float, default=240.0, help="start no timing after this many seconds")
+    ap.add_argument("--no-op", action="store_true", help="load the kernels without vLLM (no op registration)")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     a = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
         print("gemv_h200: no CUDA device", file=sys.stderr); return 2
     outs = [RESULTS / "gemv_h200.json"] + ([a.out / "gemv_h200.json"] if a.out else [])
-    res = run(a.tokens, a.methods, tiles=a.tiles, fma_tiles=a.fma_tiles, reps=a.reps, deadline_s=a.deadline_s, out_paths=outs)
+    res = run(a.tokens, a.methods, tiles=a.tiles, fma_tiles=a.fma_tiles, reps=a.reps, deadline_s=a.deadline_s, out_paths=outs, no_op=a.no_op or None)
     for k, v in res["step_us"].items(): print(f"{k}: {v} us per step for {res['step_bytes'] / 1e9:.2f} GB "
                                               f"({res['step_bytes'] / v / 1e6:.2f} TB/s)")
     bad = [r for r in res["timings"] if "error" in r]

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, kda_gates_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import git_commit, int_list, plugin_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 from solar_open2.nvfp4 import relative_rms                      # noqa: E402
@@ -43,7 +43,7 @@ def run(tokens=(1, 2, 4, 8), a_tiles=A_TILES, b_tiles=B_TILES, reps:int=50, dead
     """Check, then per token count time the module path, each launch over its tiles and the best pair; returns the
     result dict (also written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
     import torch, triton
-    kg = kda_gates_module(no_op)
+    kg = plugin_module("kda_gates", no_op)
     t0 = time.perf_counter()
     shp, timer = dict(shapes or real_shapes(SolarOpen2Config.real())), timer or time_graph
     d, r, P = shp["d"], shp["r"], shp["P"]

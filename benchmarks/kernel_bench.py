@@ -1,6 +1,6 @@
 """What the benchmark scripts share: the CUDA-graph timer and the integer-list and tile-list flags of the single-GPU
-kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`), chapter 08h's module without vLLM
-(the last two), and the commit every result JSON records (those and `perf_h200.py`)."""
+kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`), chapter 08h's and 08i's modules without
+vLLM (the last two), and the commit every result JSON records (those and `perf_h200.py`)."""
 import argparse, subprocess, sys
 from pathlib import Path
 
@@ -42,16 +42,24 @@ def tile_list(s:str)->tuple:
     try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
     except ValueError: raise argparse.ArgumentTypeError(f"expected tiles of x-separated integers, comma-separated (2x512x4x3,...), got {s!r}")
 
-def kda_gates_module(no_op:bool|None=None):
-    """`solar_open2.vllm.kda_gates`. With `no_op` (a machine without vLLM), vLLM's op registration is stubbed out
-    first: only this process sees the stub, and the kernels, wrappers and checks are the module's own. `None`: stub
-    only if vLLM does not import."""
-    import types
+def plugin_module(name:str, no_op:bool|None=None):
+    """`solar_open2.vllm.<name>` (`kda_gates` or `gemv`, the kernel chapters 08h and 08i). With `no_op` (a machine
+    without vLLM), the few vLLM names those modules import are stubbed first: the op registration does nothing, the
+    linear-method base classes are empty. Only this process sees the stubs; the kernels, wrappers and checks are the
+    module's own. `None`: stub only if vLLM does not import."""
+    import importlib, types
     if no_op is None:
         try: import vllm.utils.torch_utils  # noqa: F401
         except ImportError: no_op = True
-    if no_op and "vllm.utils.torch_utils" not in sys.modules:
-        for name in ("vllm", "vllm.utils", "vllm.utils.torch_utils"): sys.modules[name] = types.ModuleType(name)
-        sys.modules["vllm.utils.torch_utils"].direct_register_custom_op = lambda **kw: None
-    from solar_open2.vllm import kda_gates
-    return kda_gates
+    if no_op:
+        stubs = {"vllm.utils.torch_utils": {"direct_register_custom_op": lambda **kw: None},
+                 "vllm.envs": {"VLLM_BATCH_INVARIANT": False},
+                 "vllm.model_executor.layers.linear": {"UnquantizedLinearMethod": type("UnquantizedLinearMethod", (), {})},
+                 "vllm.model_executor.layers.vocab_parallel_embedding": {
+                     "ParallelLMHead": type("ParallelLMHead", (), {}),
+                     "UnquantizedEmbeddingMethod": type("UnquantizedEmbeddingMethod", (), {})}}
+        for mod, names in stubs.items():
+            parts = mod.split(".")
+            for i in range(1, len(parts) + 1): sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+            for k, v in names.items(): setattr(sys.modules[mod], k, v)
+    return importlib.import_module(f"solar_open2.vllm.{name}")
