@@ -2,7 +2,7 @@
 
 Under CI (`CI` set, as `.ci/run` does) hypothesis runs derandomized, so a submission's result does not depend on the
 draw; locally it explores new examples on every run (that is how the FP8-subnormal block-scale case was found)."""
-import os, subprocess, sys
+import os
 from pathlib import Path
 
 import pytest
@@ -26,10 +26,7 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture
 def interpreted():
     """`run(code)`: Python `code` in a fresh process with Triton's interpreter on (it must be set before Triton is
-    imported), from the repository root; returns its stdout. A non-zero exit fails the test with stderr's tail."""
-    def run(code:str, timeout:int=900)->str:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                           cwd=Path(__file__).resolve().parents[1], env={**os.environ, "TRITON_INTERPRET": "1"})
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r.stdout
-    return run
+    imported), from the repository root; returns its stdout. A non-zero exit fails the test with stderr's tail
+    (chapter 08c's `run_interpreted`)."""
+    from solar_open2.vllm.testing import run_interpreted
+    return lambda code, timeout=900: run_interpreted(code, timeout, cwd=Path(__file__).resolve().parents[1])

@@ -13,8 +13,8 @@ from ..config import SolarOpen2Config, tensor_specs
 
 # %% auto #0
 __all__ = ['force_cpu_platform', 'cpu_vllm_config', 'cpu_vllm', 'cpu_nvfp4_moe', 'cpu_linears', 'gdn_metadata', 'build_model',
-           'checkpoint_tensors', 'triton_interpreted', 'kda_layer', 'run_layer', 'RecordingKernels', 'plain_kda',
-           'checkpoint_slices', 'same_values']
+           'checkpoint_tensors', 'run_interpreted', 'triton_interpreted', 'kda_layer', 'run_layer', 'RecordingKernels',
+           'plain_kda', 'checkpoint_slices', 'same_values']
 
 # %% ../../nbs/08c_vllm_testing.ipynb #1b8d4919
 def force_cpu_platform():
@@ -132,16 +132,23 @@ def checkpoint_tensors(path)->dict:
     return {n: loaded[n] for n in index}
 
 # %% ../../nbs/08c_vllm_testing.ipynb #c8c0a002
+def run_interpreted(code:str, # Python source, run with `python -c`
+                    timeout:int=900, cwd=None)->str: # its stdout
+    "Run `code` in a fresh Python with `TRITON_INTERPRET=1`; its stdout, or a RuntimeError with stderr's tail."
+    import os, subprocess, sys
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    if r.returncode: raise RuntimeError(f"failed under TRITON_INTERPRET=1 (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    return r.stdout
+
 def triton_interpreted(module:str, # the module whose names `expr` uses, e.g. "solar_open2.vllm.gemv"
                        expr:str, # a JSON-serialisable Python expression
                        timeout:int=900)->object:
     "Evaluate `expr` after `from module import *` in a fresh Python with `TRITON_INTERPRET=1`; its value."
-    import json, os, subprocess, sys
-    code = f"import json; from {module} import *; print(json.dumps({expr}))"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    if r.returncode: raise RuntimeError(f"{module}: {expr[:80]} failed under TRITON_INTERPRET=1:\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    import json
+    try: out = run_interpreted(f"import json; from {module} import *; print(json.dumps({expr}))", timeout)
+    except RuntimeError as e: raise RuntimeError(f"{module}: {expr[:80]} {e}") from None
+    return json.loads(out.strip().splitlines()[-1])
 
 # %% ../../nbs/08c_vllm_testing.ipynb #d33ee394
 def kda_layer(vllm_config, weights:dict, prefix:str="model.layers.1.self_attn", kernels=None, slots:int=5):
