@@ -174,7 +174,7 @@ class GemvLinearMethod(UnquantizedLinearMethod):
     "vLLM's unquantized linear method; bias-free CUDA calls go through `solar_open2_gemv`."
     def apply(self, layer:torch.nn.Module, x:torch.Tensor, bias:torch.Tensor|None=None)->torch.Tensor:
         if _use_op(x, bias): return torch.ops.vllm.solar_open2_gemv(x, layer.weight)
-        return super().apply(layer, x, bias)            # (written out in each class: Dynamo cannot pass super() around)
+        return super().apply(layer, x, bias)            # (in each class: the GPU image's Dynamo rejected a bare super() passed to a helper)
 
 class GemvEmbeddingMethod(UnquantizedEmbeddingMethod):
     "vLLM's unquantized LM-head method; bias-free CUDA calls go through `solar_open2_gemv` (the embedding is unchanged)."
