@@ -27,13 +27,13 @@ import) the plugin module is loaded with its few vLLM names stubbed (`kernel_ben
 Output: `benchmarks/results/gemv_h200.json` (and `$OUT/` when set), written after every timing.
 """
 from __future__ import annotations
-import argparse, datetime, json, os, platform, sys, time
+import argparse, datetime, json, platform, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, plugin_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import add_run_args, git_commit, int_list, plugin_module, tile_list, result_paths, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -148,15 +148,10 @@ def main(argv=None)->int:
     ap.add_argument("--methods", type=_methods, default=METHODS)
     ap.add_argument("--tiles", type=tile_list, default=TILES, help="triton tiles: BLOCK_NxBLOCK_KxWARPSxSTAGES, comma-separated")
     ap.add_argument("--fma-tiles", type=tile_list, default=FMA_TILES, help="fma tiles: BLOCK_NxBLOCK_KxWARPS[xSTAGES], comma-separated")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--deadline-s", type=float, default=240.0, help="start no timing after this many seconds")
-    ap.add_argument("--no-op", action="store_true", help="load the kernels without vLLM (no op registration)")
-    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    add_run_args(ap, reps=20, deadline_s=240.0, no_op=True)
     a = ap.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("gemv_h200: no CUDA device", file=sys.stderr); return 2
-    outs = [RESULTS / "gemv_h200.json"] + ([a.out / "gemv_h200.json"] if a.out else [])
+    outs = result_paths("gemv_h200", RESULTS, a.out)
+    if outs is None: return 2
     res = run(a.tokens, a.methods, tiles=a.tiles, fma_tiles=a.fma_tiles, reps=a.reps, deadline_s=a.deadline_s, out_paths=outs, no_op=a.no_op or None)
     for k, v in res["step_us"].items(): print(f"{k}: {v} us per step for {res['step_bytes'] / 1e9:.2f} GB "
                                               f"({res['step_bytes'] / v / 1e6:.2f} TB/s)")

@@ -17,13 +17,13 @@ engine) in one CUDA graph and replays it. Output: `benchmarks/results/kda_gates_
 written after every timing.
 """
 from __future__ import annotations
-import argparse, datetime, json, os, platform, sys, time
+import argparse, datetime, json, platform, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, plugin_module, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import add_run_args, git_commit, int_list, plugin_module, tile_list, result_paths, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 from solar_open2.nvfp4 import relative_rms                      # noqa: E402
@@ -115,16 +115,11 @@ def main(argv=None)->int:
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
     ap.add_argument("--a-tiles", type=tile_list, default=A_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for fg_a_proj")
     ap.add_argument("--b-tiles", type=tile_list, default=B_TILES, help="BLOCK_NxBLOCK_KxWARPS,... for f_b_proj + g_b_proj")
-    ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--deadline-s", type=float, default=90.0, help="start no timing after this many seconds")
-    ap.add_argument("--no-op", action="store_true", help="load the kernels without vLLM (no op registration)")
-    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    add_run_args(ap, reps=50, deadline_s=90.0, no_op=True)
     a = ap.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("kda_gates_h200: no CUDA device", file=sys.stderr); return 2
-    outs = [RESULTS / "kda_gates_h200.json"] + ([a.out / "kda_gates_h200.json"] if a.out else [])
-    res = run(a.tokens, a.a_tiles, a.b_tiles, a.reps, a.deadline_s, outs, no_op=a.no_op)
+    outs = result_paths("kda_gates_h200", RESULTS, a.out)
+    if outs is None: return 2
+    res = run(a.tokens, a.a_tiles, a.b_tiles, a.reps, a.deadline_s, outs, no_op=a.no_op or None)
     for c in res["checks"]: print("check", c)
     for T, b in res["best"].items():
         if "triton" in b:

@@ -1,7 +1,7 @@
 """What the benchmark scripts share: the CUDA-graph timer and the integer-list and tile-list flags of the single-GPU
 kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`), chapter 08h's and 08i's modules without
 vLLM (the last two), and the commit every result JSON records (those and `perf_h200.py`)."""
-import argparse, subprocess, sys
+import argparse, os, subprocess, sys
 from pathlib import Path
 
 def time_graph(fns:list, reps:int)->float:
@@ -41,6 +41,20 @@ def tile_list(s:str)->tuple:
     "argparse type: comma-separated tiles, each `x`-separated integers (`2x512x4x3,1x1024x4x3`)."
     try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
     except ValueError: raise argparse.ArgumentTypeError(f"expected tiles of x-separated integers, comma-separated (2x512x4x3,...), got {s!r}")
+
+def add_run_args(ap:argparse.ArgumentParser, reps:int, deadline_s:float, no_op:bool=False)->None:
+    "The flags every kernel benchmark shares: --reps, --deadline-s, --out (default $OUT) and, for the plugin's kernels, --no-op."
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--deadline-s", type=float, default=deadline_s, help="start no timing after this many seconds")
+    if no_op: ap.add_argument("--no-op", action="store_true", help="load the kernels without vLLM (no op registration)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+
+def result_paths(name:str, results:Path, out:Path|None)->list|None:
+    "Where `name`.json goes (the results directory, and --out when set); None, with a message, on a machine without CUDA."
+    import torch
+    if not torch.cuda.is_available():
+        print(f"{name}: no CUDA device", file=sys.stderr); return None
+    return [results / f"{name}.json"] + ([out / f"{name}.json"] if out else [])
 
 def plugin_module(name:str, no_op:bool|None=None):
     """`solar_open2.vllm.<name>` (`kda_gates` or `gemv`, the kernel chapters 08h and 08i). With `no_op` (a machine

@@ -17,13 +17,13 @@ matters is an engine A/B once the kernels are wired in; this script decides whet
 Output: `benchmarks/results/moe_decode_h200.json` (and `$OUT/` when set), written after every configuration.
 """
 from __future__ import annotations
-import argparse, datetime, json, os, platform, sys, time
+import argparse, datetime, json, platform, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import git_commit, int_list, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import add_run_args, git_commit, int_list, tile_list, result_paths, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config, nvfp4_bytes   # noqa: E402
 
@@ -209,18 +209,14 @@ def main(argv=None)->int:
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
     ap.add_argument("--gate-up-tiles", type=tile_list, default=GATE_UP_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
     ap.add_argument("--down-tiles", type=tile_list, default=DOWN_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
-    ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--rotations", type=int, default=8, help="routings per graph (distinct experts per replay)")
-    ap.add_argument("--deadline-s", type=float, default=70.0, help="start no timing after this many seconds")
     ap.add_argument("--shared", action="store_true", help="also time the routed kernels next to the shared expert on a "
                     "second stream (vLLM's layout), over --shared-tiles gate/up tiles")
     ap.add_argument("--shared-tiles", type=tile_list, default=CONTENTION_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
-    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    add_run_args(ap, reps=50, deadline_s=70.0)
     a = ap.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        print("moe_decode_h200: no CUDA device", file=sys.stderr); return 2
-    outs = [RESULTS / "moe_decode_h200.json"] + ([a.out / "moe_decode_h200.json"] if a.out else [])
+    outs = result_paths("moe_decode_h200", RESULTS, a.out)
+    if outs is None: return 2
     res = run(a.tokens, a.gate_up_tiles, a.down_tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, shared=a.shared,
               shared_tiles=a.shared_tiles)
     for c in res["checks"]: print("check", c)
