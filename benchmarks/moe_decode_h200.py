@@ -123,7 +123,8 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
         out_paths=(), device:str="cuda", shapes:dict|None=None, timer=None, rotations:int=8, shared:bool=False,
         shared_tiles=CONTENTION_TILES)->dict:
     """Check, then per token count time each kernel alone over its tiles and the two together with the best pair;
-    returns the result dict (also written to `out_paths`). Tiles are (block_n, block_k, num_warps, num_stages).
+    returns the result dict (also written to `out_paths`). Tiles are (block_n, block_k, num_warps, num_stages[, words]):
+    a fifth field 1 selects the 32-bit word decode (`md.Tile.words`).
     `device`, `shapes` and `timer` exist for the CPU test of this script (Triton's interpreter, a fake timer)."""
     import torch, triton
     from solar_open2 import nvfp4
@@ -139,14 +140,16 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
         for p in out_paths:
             Path(p).parent.mkdir(parents=True, exist_ok=True)
             Path(p).write_text(json.dumps(res, indent=1))
-    res["checks"] = [{**c, "kind": "small"} for c in md.self_check(device=dev)]
+    res["checks"] = [{**c, "kind": "small"} for w in (False, True) for c in md.self_check(device=dev, words=w)]
     E, K, I, H, k = (shp[x] for x in ("E", "K", "I", "H", "topk"))
     w13, w2 = random_experts(E, K, I, H, dev)
     x = torch.randn(1, K, device=dev, dtype=torch.float32).to(torch.bfloat16)
     ids, wts = routing(1, E, k, dev)
     ref = md.moe_decode_torch(x, ids, wts, w13, w2)
-    got = md.moe_decode_triton(x, ids, wts, w13, w2)
-    res["checks"].append({"kind": "real shapes, 1 token", "case": [E, K, I, H, 1, k], "rel_rms": nvfp4.relative_rms(got, ref)})
+    for w in (False, True):
+        got = md.moe_decode_triton(x, ids, wts, w13, w2, gate_up=md.Tile(1, 1024, words=w), down=md.Tile(16, 128, words=w))
+        res["checks"].append({"kind": "real shapes, 1 token", "case": [E, K, I, H, 1, k], "words": w,
+                              "rel_rms": nvfp4.relative_rms(got, ref)})
     save()
     per = expert_bytes(I, K, H)
     cdiv = lambda a, b: -(-a // b)
@@ -166,15 +169,17 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
                  "fraction_of_bandwidth": round(nbytes / us / 1e-6 / H200_BANDWIDTH, 3)}
             res["timings"].append(r); print(json.dumps(r), flush=True); save(); return r
         def gate_up(x, i, h, t:md.Tile):
-            md.moe_gate_up_kernel[(cdiv(I, t.block_n), M)](x, i, w13.packed, w13.scale, w13.global_scale, h, K, I, k,
-                x.stride(0), w13.packed.stride(0), w13.packed.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
+            c = md.codes_for(w13, "w13", t.words)                       # uint8 [E, 2I, K/2] or int32 [E, 2I, K/8]
+            md.moe_gate_up_kernel[(cdiv(I, t.block_n), M)](x, i, c, w13.scale, w13.global_scale, h, K, I, k,
+                x.stride(0), c.stride(0), c.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
                 KP=triton.next_power_of_2(k), BLOCK_N=t.block_n, BLOCK_K=md.block_k_for(K, t.block_k), NUM_STAGES=t.num_stages,
-                num_warps=t.num_warps)
+                WORDS=t.words, num_warps=t.num_warps)
         def down(h, i, w, t:md.Tile):
-            md.moe_down_kernel[(cdiv(H, t.block_n), M)](h, i, w, w2.packed, w2.scale, w2.global_scale, out, I, H, k,
-                h.stride(0), w2.packed.stride(0), w2.packed.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
+            c = md.codes_for(w2, "w2", t.words)
+            md.moe_down_kernel[(cdiv(H, t.block_n), M)](h, i, w, c, w2.scale, w2.global_scale, out, I, H, k,
+                h.stride(0), c.stride(0), c.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
                 KP=triton.next_power_of_2(k), BLOCK_N=t.block_n, BLOCK_K=md.block_k_for(I, t.block_k), NUM_STAGES=t.num_stages,
-                num_warps=t.num_warps)
+                WORDS=t.words, num_warps=t.num_warps)
         best = {}
         for kind, tiles, nbytes in (("gate_up", gate_up_tiles, b13), ("down", down_tiles, b2)):
             for tile in tiles:
@@ -207,12 +212,12 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
-    ap.add_argument("--gate-up-tiles", type=tile_list, default=GATE_UP_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
-    ap.add_argument("--down-tiles", type=tile_list, default=DOWN_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
+    ap.add_argument("--gate-up-tiles", type=tile_list, default=GATE_UP_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES[xWORDS],...")
+    ap.add_argument("--down-tiles", type=tile_list, default=DOWN_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES[xWORDS],...")
     ap.add_argument("--rotations", type=int, default=8, help="routings per graph (distinct experts per replay)")
     ap.add_argument("--shared", action="store_true", help="also time the routed kernels next to the shared expert on a "
                     "second stream (vLLM's layout), over --shared-tiles gate/up tiles")
-    ap.add_argument("--shared-tiles", type=tile_list, default=CONTENTION_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,...")
+    ap.add_argument("--shared-tiles", type=tile_list, default=CONTENTION_TILES, help="BLOCK_NxBLOCK_KxWARPSxSTAGES[xWORDS],...")
     add_run_args(ap, reps=50, deadline_s=70.0)
     a = ap.parse_args(argv)
     outs = result_paths("moe_decode_h200", RESULTS, a.out)

@@ -32,7 +32,7 @@ calls = []
 def timer(fns, reps):
     for f in fns: f()
     calls.append(len(fns)); return {{1: 3.0, 2: 2.0}}.get(len(calls) % 4, 5.0)   # per token count: the 2nd gate_up tile is faster
-res = m.run(tokens=(1, 3), gate_up_tiles=((2, 64, 4, 1), (4, 32, 4, 2)), down_tiles=((16, 32, 4, 3),), reps=1,
+res = m.run(tokens=(1, 3), gate_up_tiles=((2, 64, 4, 1), (4, 32, 4, 2, 1)), down_tiles=((16, 32, 4, 3, 1),), reps=1,
             out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=dict(E=6, K=64, I=32, H=48, topk=2),
             timer=timer, deadline_s=600, rotations=2)
 print(json.dumps(calls))
@@ -40,15 +40,16 @@ print(json.dumps(calls))
     out = interpreted(code)
     assert json.loads(out.strip().splitlines()[-1]) == [2] * 8                 # every timing rotates 2 routings
     res = json.loads((tmp_path / "r.json").read_text())
-    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and len(res["checks"]) == 7   # 6 small + 1 at the given shapes
+    assert all(c["rel_rms"] < 1e-5 for c in res["checks"]) and len(res["checks"]) == 14  # (6 small + 1 at the given shapes) x 2 decodes
+    assert [c["words"] for c in res["checks"]] == [False] * 6 + [True] * 6 + [False, True]
     assert [t["kernel"] for t in res["timings"]] == ["gate_up", "gate_up", "down", "both"] * 2 and not res["skipped"]
     per13, per2 = 2 * (32 * (32 + 4) + 8), 48 * (16 + 2) + 8                    # one expert's bytes at these shapes
     t = res["timings"][0]
     assert t["bytes"] == round(t["distinct_experts"] * per13) and t["distinct_experts"] == 2 and t["us"] == 3.0
     b = res["best"]["1"]
-    assert b["gate_up"]["tile"] == [4, 32, 4, 2] and b["both"]["tiles"] == [[4, 32, 4, 2], [16, 32, 4, 3]]
+    assert b["gate_up"]["tile"] == [4, 32, 4, 2, 1] and b["both"]["tiles"] == [[4, 32, 4, 2, 1], [16, 32, 4, 3, 1]]   # word decode
     assert b["both"]["bytes"] == round(2 * (per13 + per2)) and res["best"]["3"]["both"]["distinct_experts"] <= 6
-    assert res["best"]["3"]["gate_up"]["tile"] == [4, 32, 4, 2]
+    assert res["best"]["3"]["gate_up"]["tile"] == [4, 32, 4, 2, 1]
 
 def test_shared_expert_contention_rows_on_cpu(tmp_path, interpreted):
     "`--shared`: per gate/up tile the routed pair, the shared expert (timed once), serial and two streams, in that order."

@@ -15,9 +15,9 @@ import triton.language as tl
 from .. import nvfp4
 
 # %% auto #0
-__all__ = ['TILES', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch', 'nibbles',
-           'tile_dot', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'tiles_for', 'moe_decode_triton',
-           'self_check']
+__all__ = ['TILES', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch', 'nibbles', 'quad',
+           'tile_dot', 'tile_dot_words', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'codes_for',
+           'tiles_for', 'moe_decode_triton', 'self_check']
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #11bf17d0
 @dataclass(eq=False)
@@ -93,6 +93,14 @@ def nibbles(byt):
             hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32))
 
 @triton.jit
+def quad(w, S:tl.constexpr):
+    "uint32 words of 8 codes -> (code 3-S, code 7-S) as E2M1 values times 2^-14, fp32: two fp16 patterns at once."
+    q = w << (4 * S)                                           # code 3-S -> bits 15..12, code 7-S -> bits 31..28
+    o = (q & 0x80008000) | ((q & 0x70007000) >> 3)            # per half: sign stays at 15, magnitude 14..12 -> 11..9
+    return (o.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32),
+            (o >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32))
+
+@triton.jit
 def tile_dot(wp, sp, msk, xe, xo, k0, KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr):
     "Rows `wp`/`sp` ([KP, BN, 1] pointers) · inputs k0..k0+BK (even `xe`, odd `xo`: [., 1, BK/2]) -> [KP, BN] fp32, · 2^-14."
     bb = tl.arange(0, BLOCK_K // 2)
@@ -105,9 +113,29 @@ def tile_dot(wp, sp, msk, xe, xo, k0, KP:tl.constexpr, BLOCK_N:tl.constexpr, BLO
     return tl.sum(p * sc, axis=2)                                                           # [KP, BN]
 
 @triton.jit
+def tile_dot_words(wp, sp, msk, x0, x1, x2, x3, x4, x5, x6, x7, k0,
+                   KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr):
+    "`tile_dot` on 32-bit words, not summed over blocks: `wp` points into the codes as int32, `xc` ([., 1, BK/8]) holds inputs 8w + c."
+    ws = tl.arange(0, BLOCK_K // 8)
+    w = tl.load(wp + (k0 // 8 + ws)[None, None, :], mask=msk, other=0).to(tl.uint32, bitcast=True)   # [KP, BN, BK/8]
+    lo, hi = quad(w, 0)
+    p = lo * x3 + hi * x7                                                                   # [KP, BN, BK/8]
+    lo, hi = quad(w, 1)
+    p += lo * x2 + hi * x6
+    lo, hi = quad(w, 2)
+    p += lo * x1 + hi * x5
+    lo, hi = quad(w, 3)
+    p += lo * x0 + hi * x4
+    p = tl.sum(tl.reshape(p, (KP, BLOCK_N, BLOCK_K // 16, 2)), axis=3)                     # [KP, BN, BK/16]: 2 words a block
+    sb = tl.arange(0, BLOCK_K // 16)
+    sc = tl.load(sp + (k0 // 16 + sb)[None, None, :], mask=msk, other=0.0).to(tl.float32)
+    return p * sc                                                                           # [KP, BN, BK/16]
+
+@triton.jit
 def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
-                   KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
+                   KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
+                   WORDS:tl.constexpr):
     "One (row block, token): h_j = silu(G[e_j] x) ⊙ (U[e_j] x) for BLOCK_N features of all the token's k experts."
     pid_n, m = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)
@@ -119,14 +147,32 @@ def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
     wg = w_ptr + e[:, None, None] * stride_we + rows[None, :, None] * stride_wn             # [KP, BN, 1]
     sg = s_ptr + e[:, None, None] * stride_se + rows[None, :, None] * stride_sn
     wu, su = wg + I * stride_wn, sg + I * stride_sn
-    acc_g = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
-    hb = tl.arange(0, BLOCK_K // 2)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        xe = tl.load(x_ptr + m * stride_xm + k0 + 2 * hb).to(tl.float32)[None, None, :]     # [1, 1, BK/2] even inputs
-        xo = tl.load(x_ptr + m * stride_xm + k0 + 2 * hb + 1).to(tl.float32)[None, None, :]  # odd inputs
-        acc_g += tile_dot(wg, sg, msk, xe, xo, k0, KP, BLOCK_N, BLOCK_K)
-        acc_u += tile_dot(wu, su, msk, xe, xo, k0, KP, BLOCK_N, BLOCK_K)
+    xm = x_ptr + m * stride_xm
+    if WORDS:                                 # per-block sums accumulate in place; one reduction after the loop
+        acc_g3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+        acc_u3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            xw = xm + k0 + 8 * tl.arange(0, BLOCK_K // 8)                                   # [BK/8]: input 8w of word w
+            x0 = tl.load(xw).to(tl.float32)[None, None, :]
+            x1 = tl.load(xw + 1).to(tl.float32)[None, None, :]
+            x2 = tl.load(xw + 2).to(tl.float32)[None, None, :]
+            x3 = tl.load(xw + 3).to(tl.float32)[None, None, :]
+            x4 = tl.load(xw + 4).to(tl.float32)[None, None, :]
+            x5 = tl.load(xw + 5).to(tl.float32)[None, None, :]
+            x6 = tl.load(xw + 6).to(tl.float32)[None, None, :]
+            x7 = tl.load(xw + 7).to(tl.float32)[None, None, :]
+            acc_g3 += tile_dot_words(wg, sg, msk, x0, x1, x2, x3, x4, x5, x6, x7, k0, KP, BLOCK_N, BLOCK_K)
+            acc_u3 += tile_dot_words(wu, su, msk, x0, x1, x2, x3, x4, x5, x6, x7, k0, KP, BLOCK_N, BLOCK_K)
+        acc_g, acc_u = tl.sum(acc_g3, axis=2), tl.sum(acc_u3, axis=2)                       # [KP, BN]
+    else:
+        acc_g = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            hb = tl.arange(0, BLOCK_K // 2)
+            xe = tl.load(xm + k0 + 2 * hb).to(tl.float32)[None, None, :]                    # [1, 1, BK/2] even inputs
+            xo = tl.load(xm + k0 + 2 * hb + 1).to(tl.float32)[None, None, :]                # odd inputs
+            acc_g += tile_dot(wg, sg, msk, xe, xo, k0, KP, BLOCK_N, BLOCK_K)
+            acc_u += tile_dot(wu, su, msk, xe, xo, k0, KP, BLOCK_N, BLOCK_K)
     g = acc_g * (tl.load(g_ptr + e * 2, mask=jm, other=0.0) * 16384.0)[:, None]            # gate's global scale, 2^14
     u = acc_u * (tl.load(g_ptr + e * 2 + 1, mask=jm, other=0.0) * 16384.0)[:, None]        # up's
     pairs = m * topk + j
@@ -136,7 +182,8 @@ def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
 @triton.jit
 def moe_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, H, topk,
                 stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
-                KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
+                KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
+                WORDS:tl.constexpr):
     "One (row block, token): out = Σ_j w_j · D[e_j] h_j for BLOCK_N outputs, the k experts in one tile (no atomics)."
     pid_n, m = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)
@@ -148,13 +195,29 @@ def moe_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, H, t
     msk = jm[:, None, None] & rm[None, :, None]
     wp = w_ptr + e[:, None, None] * stride_we + rows[None, :, None] * stride_wn             # [KP, BN, 1]
     sp = s_ptr + e[:, None, None] * stride_se + rows[None, :, None] * stride_sn
-    acc = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
-    hb = tl.arange(0, BLOCK_K // 2)
-    for k0 in tl.range(0, I, BLOCK_K, num_stages=NUM_STAGES):
-        hp = h_ptr + pairs[:, None] * stride_hm
-        he = tl.load(hp + (k0 + 2 * hb)[None, :], mask=jm[:, None], other=0.0)[:, None, :]      # [KP, 1, BK/2]
-        ho = tl.load(hp + (k0 + 2 * hb + 1)[None, :], mask=jm[:, None], other=0.0)[:, None, :]
-        acc += tile_dot(wp, sp, msk, he, ho, k0, KP, BLOCK_N, BLOCK_K)
+    hp = h_ptr + pairs[:, None] * stride_hm                                                 # [KP, 1]
+    hm = jm[:, None]
+    if WORDS:
+        acc3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+        for k0 in tl.range(0, I, BLOCK_K, num_stages=NUM_STAGES):
+            hw = hp + (k0 + 8 * tl.arange(0, BLOCK_K // 8))[None, :]                        # [KP, BK/8]
+            h0 = tl.load(hw, mask=hm, other=0.0)[:, None, :]                                # [KP, 1, BK/8]
+            h1 = tl.load(hw + 1, mask=hm, other=0.0)[:, None, :]
+            h2 = tl.load(hw + 2, mask=hm, other=0.0)[:, None, :]
+            h3 = tl.load(hw + 3, mask=hm, other=0.0)[:, None, :]
+            h4 = tl.load(hw + 4, mask=hm, other=0.0)[:, None, :]
+            h5 = tl.load(hw + 5, mask=hm, other=0.0)[:, None, :]
+            h6 = tl.load(hw + 6, mask=hm, other=0.0)[:, None, :]
+            h7 = tl.load(hw + 7, mask=hm, other=0.0)[:, None, :]
+            acc3 += tile_dot_words(wp, sp, msk, h0, h1, h2, h3, h4, h5, h6, h7, k0, KP, BLOCK_N, BLOCK_K)
+        acc = tl.sum(acc3, axis=2)                                                          # [KP, BN]
+    else:
+        acc = tl.zeros([KP, BLOCK_N], dtype=tl.float32)
+        for k0 in tl.range(0, I, BLOCK_K, num_stages=NUM_STAGES):
+            hb = tl.arange(0, BLOCK_K // 2)
+            he = tl.load(hp + (k0 + 2 * hb)[None, :], mask=hm, other=0.0)[:, None, :]      # [KP, 1, BK/2]
+            ho = tl.load(hp + (k0 + 2 * hb + 1)[None, :], mask=hm, other=0.0)[:, None, :]
+            acc += tile_dot(wp, sp, msk, he, ho, k0, KP, BLOCK_N, BLOCK_K)
     wt = tl.load(wts_ptr + pairs, mask=jm, other=0.0) * tl.load(g_ptr + e, mask=jm, other=0.0) * 16384.0   # [KP]
     tl.store(o_ptr + m * stride_om + rows, tl.sum(acc * wt[:, None], axis=0), mask=rm)     # in o's dtype
 
@@ -172,11 +235,12 @@ def block_k_for(K:int, want:int=128)->int:
 
 @dataclass(frozen=True)
 class Tile:
-    "Launch parameters of one kernel: rows per program and inputs per step (powers of two), warps, pipeline stages."
+    "Launch parameters of one kernel: rows per program and inputs per step (powers of two), warps, pipeline stages, decode."
     block_n:int = 16
     block_k:int = 128
     num_warps:int = 4
     num_stages:int = 3
+    words:bool = False            # True: the codes read and decoded as 32-bit words (`tile_dot_words`); False: as bytes
     def __post_init__(self):
         if not _pow2(self.block_n): raise ValueError(f"block_n must be a power of two, got {self.block_n}")
         block_k_for(16, self.block_k)                                          # validates block_k
@@ -185,9 +249,19 @@ class Tile:
 
 # (max tokens, gate_up tile, down tile): the fastest of benchmarks/moe_decode_h200.py's sweep on one H200 at the real
 # per-rank shapes, L2-cold (benchmarks/results/moe_decode_h200.json, 2026-11-30); past the last row, the last row's
-TILES = ((1, Tile(1, 1024), Tile(16, 128)),
-         (4, Tile(2, 1024), Tile(16, 128, num_stages=1)),
-         (8, Tile(2, 1024), Tile(32, 128)))
+# rows (benchmarks/results/moe_decode_h200_words.json, moe_decode_h200_words_2_4.json, 2026-11-30): the word decode won
+# at every token count (bytes: moe_decode_h200.json)
+TILES = ((1, Tile(1, 1024, num_stages=2, words=True), Tile(16, 128, words=True)),
+         (4, Tile(1, 512, num_warps=2, words=True), Tile(16, 128, words=True)),
+         (8, Tile(1, 512, num_warps=2, words=True), Tile(32, 128, words=True)))
+
+def codes_for(t:NVFP4Experts, name:str, words:bool)->torch.Tensor:
+    "The codes as the kernel reads them: the uint8 `[E, N, K/2]` tensor, or (`words`) the same bytes as int32 `[E, N, K/8]`."
+    if not words: return t.packed
+    try: return t.packed.view(torch.int32)                                      # [E, N, K/2] -> [E, N, K/8], no copy
+    except RuntimeError as e:
+        raise ValueError(f"{name}: the word decode reads the codes as int32, which needs 4-byte aligned rows "
+                         f"(packed {list(t.packed.shape)}, strides {t.packed.stride()}): {e}") from None
 
 def tiles_for(M:int)->tuple:
     "The (gate_up, down) tiles for `M` tokens."
@@ -229,14 +303,17 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     cdiv = lambda a, b: -(-a // b)
     g, d = tiles_for(M)
     g, d = gate_up or g, down or d
+    c13, c2 = codes_for(w13, "w13", g.words), codes_for(w2, "w2", d.words)
     moe_gate_up_kernel[(cdiv(I, g.block_n), M)](
-        x, ids, w13.packed, w13.scale, w13.global_scale.contiguous(), h, K, I, k,
-        x.stride(0), w13.packed.stride(0), w13.packed.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
-        KP=KP, BLOCK_N=g.block_n, BLOCK_K=block_k_for(K, g.block_k), NUM_STAGES=g.num_stages, num_warps=g.num_warps)
+        x, ids, c13, w13.scale, w13.global_scale.contiguous(), h, K, I, k,
+        x.stride(0), c13.stride(0), c13.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
+        KP=KP, BLOCK_N=g.block_n, BLOCK_K=block_k_for(K, g.block_k), NUM_STAGES=g.num_stages, WORDS=g.words,
+        num_warps=g.num_warps)
     moe_down_kernel[(cdiv(H, d.block_n), M)](
-        h, ids, wts, w2.packed, w2.scale, w2.global_scale.contiguous(), out, I, H, k,
-        h.stride(0), w2.packed.stride(0), w2.packed.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
-        KP=KP, BLOCK_N=d.block_n, BLOCK_K=block_k_for(I, d.block_k), NUM_STAGES=d.num_stages, num_warps=d.num_warps)
+        h, ids, wts, c2, w2.scale, w2.global_scale.contiguous(), out, I, H, k,
+        h.stride(0), c2.stride(0), c2.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
+        KP=KP, BLOCK_N=d.block_n, BLOCK_K=block_k_for(I, d.block_k), NUM_STAGES=d.num_stages, WORDS=d.words,
+        num_warps=d.num_warps)
     return out
 
 
@@ -250,8 +327,8 @@ CHECK_CASES = (   # (E, K, I, H, M, k, block_n, block_k)
     (12, 64, 16, 16, 1, 8, 2, 512),     # BLOCK_K larger than K: the largest power of two dividing K is used
 )
 
-def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:bool=False)->list:
-    "Relative RMS of `moe_decode_triton` against `moe_decode_torch` per case (`swap_nibbles`: a broken layout)."
+def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:bool=False, words:bool=False)->list:
+    "Relative RMS of `moe_decode_triton` (byte or `words` decode) against `moe_decode_torch` per case (`swap_nibbles`: a broken layout)."
     out = []
     for i, (E, K, I, H, M, k, bn, bk) in enumerate(cases):
         g = torch.Generator().manual_seed(seed + i)
@@ -264,7 +341,7 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:boo
             sw = lambda t: NVFP4Experts((t.packed >> 4) | (t.packed << 4), t.scale, t.global_scale)
             w13, w2 = sw(w13), sw(w2)
         to = lambda t: NVFP4Experts(t.packed.to(device), t.scale.to(device), t.global_scale.to(device))
-        t = Tile(bn, bk, num_stages=1 + i % 3)
+        t = Tile(bn, bk, num_stages=1 + i % 3, words=words)
         got = moe_decode_triton(x.to(device), ids.to(device), wts.to(device), to(w13), to(w2), gate_up=t, down=t)
-        out.append({"case": [E, K, I, H, M, k, bn, bk], "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
+        out.append({"case": [E, K, I, H, M, k, bn, bk], "words": words, "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
     return out
