@@ -136,6 +136,10 @@ def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     assert ph.engine_kwargs(three, str(tmp_path), "graphs")["additional_config"] == {
         "solar_open2_kda_gate_kernel": True, "solar_open2_gemv_kernel": True}
     assert ph.settings(three, "graphs")["gemv_kernel"] is True and ph.settings(both, "graphs")["gemv_kernel"] is None
+    four = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel", "--gemv-kernel", "--kda-decode-kernel"])
+    assert ph.engine_kwargs(four, str(tmp_path), "graphs")["additional_config"] == {
+        "solar_open2_kda_gate_kernel": True, "solar_open2_gemv_kernel": True, "solar_open2_kda_decode_kernel": True}
+    assert ph.settings(four, "graphs")["kda_decode_kernel"] is True and ph.settings(three, "graphs")["kda_decode_kernel"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])

@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 
 # %% auto #0
-__all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL', 'GEMV_KERNEL',
-           'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE', 'plugin_flag', 'register']
+__all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'KDA_DECODE_OP_NAME', 'KDA_DECODE_OP',
+           'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL', 'GEMV_KERNEL', 'KDA_DECODE_KERNEL', 'VLLM_VERSION', 'ENTRY_POINT',
+           'PARSER_NAME', 'PARSERS_MODULE', 'plugin_flag', 'register']
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #b8ef2976
 log = logging.getLogger("solar_open2.vllm")
@@ -18,9 +19,12 @@ MODEL_TYPE = "solar_open2"                                    # `model_type` of 
 MODEL_CLASS = "solar_open2.vllm.model:SolarOpen2ForCausalLM"  # imported lazily by vLLM's registry
 KDA_OP_NAME = "solar_open2_kda_attention"                     # our custom op, registered in the `vllm` library
 KDA_OP = "vllm::" + KDA_OP_NAME                               # the name CompilationConfig splits graphs at
+KDA_DECODE_OP_NAME = "solar_open2_kda_decode"                 # 08j's op: a KDA decode step and o_norm in one kernel
+KDA_DECODE_OP = "vllm::" + KDA_DECODE_OP_NAME                 # a splitting op as well
 FUSE_KDA_PROJ = "solar_open2_fuse_kda_proj"                   # additional_config key: fused KDA projections (default on)
 KDA_GATE_KERNEL = "solar_open2_kda_gate_kernel"               # additional_config key: low-rank gates through 08h's kernels (default off)
 GEMV_KERNEL = "solar_open2_gemv_kernel"                       # additional_config key: small-batch dense projections through 08i's kernels (default off)
+KDA_DECODE_KERNEL = "solar_open2_kda_decode_kernel"           # additional_config key: KDA decode steps through 08j's kernel (default off)
 VLLM_VERSION = "0.25.1"                                       # the engine this plugin is written against
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`
 PARSER_NAME = "solar_open2"                                   # --reasoning-parser / --tool-call-parser name
@@ -54,7 +58,8 @@ def _register_model()->None:
 
 def _register_splitting_op()->None:
     from vllm.config.compilation import CompilationConfig
-    if KDA_OP not in CompilationConfig._attention_ops: CompilationConfig._attention_ops.append(KDA_OP)
+    for op in (KDA_OP, KDA_DECODE_OP):
+        if op not in CompilationConfig._attention_ops: CompilationConfig._attention_ops.append(op)
 
 def _register_parsers()->None:
     from vllm.reasoning import ReasoningParserManager

@@ -29,6 +29,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from ..config import SolarOpen2Config
 from . import FUSE_KDA_PROJ, KDA_OP_NAME, plugin_flag
 from .kda_gates import gate_kernel_applies, kda_gate_kernel_enabled   # chapter 08h (registers its op)
+from .kda_decode import decode_kernel_applies, kda_decode_kernel_enabled   # chapter 08j (registers its op)
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
 # %% auto #0
@@ -269,6 +270,8 @@ class SolarOpen2KDA(nn.Module, MambaBase):
         # chapter 08h: the low-rank gates of a decode batch in two Triton kernels (opt-in, fused layout only)
         self.gate_kernel = (self.fused and not self.full_proj and kda_gate_kernel_enabled(vllm_config)
                             and gate_kernel_applies(self))
+        # chapter 08j: a decode batch's conv, gate, delta rule and o_norm in one kernel (opt-in)
+        self.decode_kernel = kda_decode_kernel_enabled(vllm_config) and decode_kernel_applies(self)
         # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's
         self.qkv_conv1d = MergedColumnParallelLinear(K, [P, P, P], bias=False, params_dtype=torch.float32,
                                                      prefix=f"{prefix}.qkv_conv1d")
@@ -328,6 +331,10 @@ def _kda_forward(self:SolarOpen2KDA,
         g1 = _raw_gate(self, hidden_states)                                   # [T, Hl*D], raw
         beta = kda_beta(self.b_proj(hidden_states)[0], self.allow_neg_eigval) # [T, Hl] fp32
         g2 = _out_gate(self, hidden_states).view(T, Hl, D)                    # [T, Hl, D]
+    if self.decode_kernel:                                                    # chapter 08j's op writes o_norm's output
+        o = torch.empty(T, Hl, D, dtype=hidden_states.dtype, device=hidden_states.device)
+        torch.ops.vllm.solar_open2_kda_decode(qkv, g1, beta, g2, o, self.prefix)
+        return self.o_proj(o.reshape(T, Hl * D))[0]
     core = torch.zeros(T, Hl, D, dtype=hidden_states.dtype, device=hidden_states.device)
     torch.ops.vllm.solar_open2_kda_attention(qkv, g1, beta, core, self.prefix)
     o = self.o_norm(core, g2).reshape(T, Hl * D)                              # RMSNorm(o)·w·sigmoid(g2): [T, Hl*D]
