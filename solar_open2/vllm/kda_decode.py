@@ -140,7 +140,7 @@ def kda_decode_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
     tl.store(o_ptr + t * stride_o + h * D + d, tl.where(ok, y, 0.0).to(o_ptr.dtype.element_ty))
 
 # %% ../../nbs/08j_vllm_kda_decode.ipynb #e1a0000c
-NUM_WARPS = 8                # [128, 128] fp32 state tile: 64 registers a thread at 8 warps
+NUM_WARPS = 4                # the sweep's best at 1-8 tokens (1 and 2 warps spill, 8 and 16 are slower)
 
 def kda_decode_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, norm_w, eps:float, rec_state, idx,
                       out:torch.Tensor|None=None, num_warps:int=NUM_WARPS)->torch.Tensor:
