@@ -3,6 +3,7 @@
 
     python benchmarks/plot_perf.py [--results-dir benchmarks/results] [--config real] [--out PNG]
     python benchmarks/plot_perf.py --ab [--results-dir ...] [--out PNG]     # the A/B summary (perf_h200_ab.json)
+    python benchmarks/plot_perf.py --progress [--results-dir ...] [--out PNG]   # the log's single-stream outcomes
 
 Reads `perf_h200_eager.json`, `perf_h200_graphs.json` (whichever exist) and draws four panels: single-stream decode
 per context, batch decode per batch size, prefill per context (each: eager, CUDA graphs, and the roofline; the
@@ -173,13 +174,57 @@ def plot_ab(ab:dict, out:Path|None=None):
         fig.savefig(out, dpi=110)
     return fig
 
+def progress_rows(log:list, figure:str="decode_bs1_ctx2048", phase:str="graphs")->list:
+    "The log's measured outcomes of `figure` in `phase`, in order: one row per measured change (label, predicted, measured)."
+    rows = []
+    for r in log:
+        if r.get("figure") != figure or r.get("phase") != phase or r.get("measured_tok_s") is None: continue
+        label = str(r["change"]).removeprefix("outcome: ").split(";")[0].split(" (")[0]
+        rows.append({"label": label, "date": r["date"], "predicted": r.get("predicted_tok_s"), "measured": r["measured_tok_s"],
+                     "results": r.get("results")})
+    return rows
+
+def plot_progress(log:list, roofline:float, out:Path|None=None, figure:str="decode_bs1_ctx2048"):
+    "One panel: each measured change's single-stream decode (bars) and its prediction (dots), the roofline and the 60 % target."
+    import matplotlib
+    if out is not None: matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import textwrap
+    rows = progress_rows(log, figure)
+    if not rows: raise ValueError(f"the log has no measured {figure} outcome")
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(rows)), 4.4))
+    x = range(len(rows))
+    bars = ax.bar(x, [r["measured"] for r in rows], color=COLORS["graphs"], label="measured")
+    ax.scatter(x, [r["predicted"] for r in rows], color="#d9822b", zorder=3, s=14, label="predicted before the run")
+    for b, r in zip(bars, rows):
+        ax.annotate(f"{r['measured']:.1f}\n{100 * r['measured'] / roofline:.1f}%", (b.get_x() + b.get_width() / 2, r["measured"]),
+                    ha="center", va="bottom", fontsize=7)
+    ax.axhline(roofline, color=COLORS["roofline"], ls="--", lw=0.9, label=f"roofline {roofline:.0f} tok/s")
+    ax.axhline(0.6 * roofline, color="#c53030", ls=":", lw=0.9, label="60 % target")
+    ax.set_xticks(list(x), ["\n".join(textwrap.wrap(r["label"], 20)[:4]) for r in rows], fontsize=6)
+    ax.set_ylabel("tok/s, one stream, 2K prompt", fontsize=8); ax.tick_params(labelsize=7)
+    ax.set_ylim(0, 1.1 * roofline); ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"{figure}, CUDA graphs, 2x H200 TP2: every measured change (perf_log.jsonl)", fontsize=9)
+    fig.tight_layout()
+    if out is not None: fig.savefig(out, dpi=120); plt.close(fig)
+    return fig
+
 def main(argv:list|None=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results-dir", type=Path, default=ph.RESULTS)
     ap.add_argument("--config", choices=tuple(ph.PRESETS), default="real")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--ab", action="store_true", help="plot perf_h200_ab.json (the A/B summary) instead")
+    ap.add_argument("--progress", action="store_true", help="plot the log's measured single-stream outcomes instead")
     a = ap.parse_args(argv)
+    if a.progress:
+        log = ph.read_log(a.results_dir / ph.LOG_FILE)
+        cfg = ph.model_config(a.config)
+        roof = ph.decode_roofline(cfg, ph.PRESETS[a.config]["tp"], 2048 + 96)["per_seq_tok_s"]
+        out = a.out or a.results_dir / f"{ph.stem(a.config)}_progress.png"
+        plot_progress(log, roof, out)
+        print(f"wrote {out}")
+        return 0
     if a.ab:
         import json
         src = a.results_dir / f"{ph.stem(a.config)}_ab.json"

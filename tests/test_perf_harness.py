@@ -792,3 +792,21 @@ def test_ab_plot_and_rows(tmp_path):
     (tmp_path / "perf_h200_ab.json").write_text(json.dumps(ab))
     assert pp.main(["--ab", "--results-dir", str(tmp_path)]) == 0 and (tmp_path / "perf_h200_ab.png").exists()
     assert pp.main(["--ab", "--results-dir", str(tmp_path / "nowhere")]) == 2
+
+def test_progress_rows_and_plot(tmp_path):
+    "--progress: the measured outcomes of one figure and phase, in log order; planned rows and other figures left out."
+    import plot_perf as pp
+    log = [{"figure": "decode_bs1_ctx2048", "phase": "graphs", "change": "baseline, CUDA graphs", "date": "d", "predicted_tok_s": 250.0,
+            "measured_tok_s": 107.6, "results": "a.json"},
+           {"figure": "decode_bs1_ctx2048", "phase": "graphs", "change": "planned: x", "date": "d", "predicted_tok_s": 120.0,
+            "measured_tok_s": None},
+           {"figure": "decode_bs64", "phase": "graphs", "change": "outcome: y", "date": "d", "predicted_tok_s": 1.0, "measured_tok_s": 2.0},
+           {"figure": "decode_bs1_ctx2048", "phase": "eager", "change": "outcome: z", "date": "d", "predicted_tok_s": 1.0, "measured_tok_s": 2.0},
+           {"figure": "decode_bs1_ctx2048", "phase": "graphs", "change": "outcome: fused KDA projections (qkvb_proj); A/B", "date": "d",
+            "predicted_tok_s": 120.0, "measured_tok_s": 143.1, "results": "b.json"}]
+    rows = pp.progress_rows(log)
+    assert [(r["label"], r["predicted"], r["measured"]) for r in rows] == [("baseline, CUDA graphs", 250.0, 107.6),
+                                                                           ("fused KDA projections", 120.0, 143.1)]
+    pp.plot_progress(log, 478.6, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no measured decode_bs1_ctx2048"): pp.plot_progress(log[1:2], 478.6, tmp_path / "q.png")
