@@ -4,6 +4,7 @@
 
 # %% ../../nbs/08d_vllm_kda.ipynb #358dd449
 from __future__ import annotations
+import contextlib, os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,7 +38,7 @@ __all__ = ['KDA_FUSED', 'KDA_CONV', 'kda_beta', 'KDAKernels', 'triton_kernels', 
            'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
            'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'kda_state_shape', 'kda_state_dtype',
            'kda_state_copy_func', 'warmup_tokens', 'fuse_kda_proj', 'kda_fused_target', 'load_kda_tensor',
-           'SolarOpen2KDA']
+           'SolarOpen2KDA', 'stable_triton_cache']
 
 # %% ../../nbs/08d_vllm_kda.ipynb #0d32c8f0
 def kda_beta(b:torch.Tensor, # [T, H] beta logits from `b_proj`, any dtype
@@ -395,11 +396,30 @@ SolarOpen2KDA._forward = _forward
 # %% ../../nbs/08d_vllm_kda.ipynb #19934208
 _WARMED: set = set()
 
+@contextlib.contextmanager
+def stable_triton_cache(path:str|None=None):
+    """Point Triton's cache (compiled kernels and, with `TRITON_CACHE_AUTOTUNING`, autotuning results) at one fixed
+    directory for the block, then restore `TRITON_CACHE_DIR`. Default: `<VLLM_CACHE_ROOT>/solar_open2/triton`."""
+    if path is None:
+        import vllm.envs as envs
+        path = os.path.join(envs.VLLM_CACHE_ROOT, "solar_open2", "triton")
+    os.makedirs(path, exist_ok=True)
+    old = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = path
+    try: yield path
+    finally:
+        if old is None: os.environ.pop("TRITON_CACHE_DIR", None)
+        else: os.environ["TRITON_CACHE_DIR"] = old
+
 def _warmup(self:SolarOpen2KDA, like:torch.Tensor)->None:
-    "Run the prefill and decode kernels once at the scheduler's batch size (profiling run)."
-    T, Hl, D, kn = self.warmup_tokens, self.local_heads, self.head_dim, self.kernels
-    key = (kn.name, str(like.device), like.dtype, Hl, D, T)
+    "Run the prefill and decode kernels once at the scheduler's batch size (profiling run), tuning into a fixed cache."
+    key = (self.kernels.name, str(like.device), like.dtype, self.local_heads, self.head_dim, self.warmup_tokens)
     if key in _WARMED: return
+    with stable_triton_cache(): _warmup_kernels(self, like)
+    _WARMED.add(key)
+
+def _warmup_kernels(self:SolarOpen2KDA, like:torch.Tensor)->None:
+    T, Hl, D, kn = self.warmup_tokens, self.local_heads, self.head_dim, self.kernels
     dev, dt = like.device, like.dtype
     q, k, v, raw_g = (torch.randn(1, T, Hl, D, device=dev, dtype=dt) for _ in range(4))   # [1, T, Hl, D]
     beta = kda_beta(torch.randn(T, Hl, device=dev), self.allow_neg_eigval)[None]         # [1, T, Hl] fp32, doubled
@@ -412,6 +432,5 @@ def _warmup(self:SolarOpen2KDA, like:torch.Tensor)->None:
                  initial_state=torch.zeros(B + 1, Hl, D, D, device=dev, dtype=torch.float32),
                  use_qk_l2norm_in_kernel=True, cu_seqlens=torch.arange(B + 1, device=dev, dtype=torch.int32),
                  ssm_state_indices=torch.arange(1, B + 1, device=dev, dtype=torch.int32))
-    _WARMED.add(key)
 
 SolarOpen2KDA._warmup = _warmup
