@@ -162,13 +162,13 @@ def build_parser()->argparse.ArgumentParser:
                          "default: the plugin's default")
     ap.add_argument("--kda-gate-kernel", action=argparse.BooleanOptionalAction, default=None,
                     help="the KDA low-rank gates of decode batches through chapter 08h's kernels (additional_config "
-                         "solar_open2_kda_gate_kernel); default: the plugin's default (off)")
+                         "solar_open2_kda_gate_kernel); default: the plugin's default (on since 2026-11-30)")
     ap.add_argument("--gemv-kernel", action=argparse.BooleanOptionalAction, default=None,
                     help="small-batch dense projections, router and LM head through chapter 08i's kernels (additional_config "
                          "solar_open2_gemv_kernel); default: the plugin's default (off)")
     ap.add_argument("--kda-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
                     help="KDA decode steps (conv, gate, delta rule, o_norm) through chapter 08j's one kernel (additional_config "
-                         "solar_open2_kda_decode_kernel); default: the plugin's default (off)")
+                         "solar_open2_kda_decode_kernel); default: the plugin's default (on since 2026-11-30)")
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")

@@ -22,9 +22,9 @@ KDA_OP = "vllm::" + KDA_OP_NAME                               # the name Compila
 KDA_DECODE_OP_NAME = "solar_open2_kda_decode"                 # 08j's op: a KDA decode step and o_norm in one kernel
 KDA_DECODE_OP = "vllm::" + KDA_DECODE_OP_NAME                 # a splitting op as well
 FUSE_KDA_PROJ = "solar_open2_fuse_kda_proj"                   # additional_config key: fused KDA projections (default on)
-KDA_GATE_KERNEL = "solar_open2_kda_gate_kernel"               # additional_config key: low-rank gates through 08h's kernels (default off)
+KDA_GATE_KERNEL = "solar_open2_kda_gate_kernel"               # additional_config key: low-rank gates through 08h's kernels (default on)
 GEMV_KERNEL = "solar_open2_gemv_kernel"                       # additional_config key: small-batch dense projections through 08i's kernels (default off)
-KDA_DECODE_KERNEL = "solar_open2_kda_decode_kernel"           # additional_config key: KDA decode steps through 08j's kernel (default off)
+KDA_DECODE_KERNEL = "solar_open2_kda_decode_kernel"           # additional_config key: KDA decode steps through 08j's kernel (default on)
 VLLM_VERSION = "0.25.1"                                       # the engine this plugin is written against
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`
 PARSER_NAME = "solar_open2"                                   # --reasoning-parser / --tool-call-parser name

@@ -268,10 +268,10 @@ class SolarOpen2KDA(nn.Module, MambaBase):
             self.f_a_proj, self.f_b_proj = rep("f_a_proj"), col(D, P, "f_b_proj")
             self.g_a_proj, self.g_b_proj = rep("g_a_proj"), col(D, P, "g_b_proj")
         if not self.fused: self.b_proj = col(hidden, H, "b_proj")
-        # chapter 08h: the low-rank gates of a decode batch in two Triton kernels (opt-in, fused layout only)
+        # chapter 08h: the low-rank gates of a decode batch in two Triton kernels (default on, fused layout only)
         self.gate_kernel = (self.fused and not self.full_proj and kda_gate_kernel_enabled(vllm_config)
                             and gate_kernel_applies(self))
-        # chapter 08j: a decode batch's conv, gate, delta rule and o_norm in one kernel (opt-in)
+        # chapter 08j: a decode batch's conv, gate, delta rule and o_norm in one kernel (default on, CUDA)
         self.decode_kernel = kda_decode_kernel_enabled(vllm_config) and decode_kernel_applies(self)
         # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's
         self.qkv_conv1d = MergedColumnParallelLinear(K, [P, P, P], bias=False, params_dtype=torch.float32,

@@ -160,8 +160,8 @@ if not hasattr(torch.ops.vllm, KDA_GATES_OP_NAME):
 
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00014
 def kda_gate_kernel_enabled(vllm_config)->bool:
-    "Whether `solar_open2_kda_gate_kernel` is set in vLLM's `additional_config` (default off)."
-    return plugin_flag(vllm_config, KDA_GATE_KERNEL, False)
+    "Whether `solar_open2_kda_gate_kernel` is on in vLLM's `additional_config` (default on)."
+    return plugin_flag(vllm_config, KDA_GATE_KERNEL, True)
 
 def gate_kernel_applies(layer:torch.nn.Module)->bool:
     "Whether a KDA layer's low-rank gate projections can go through `kda_gates`: fused layout, unquantized, no bias."
