@@ -16,13 +16,14 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ..nvfp4 import relative_rms
-from . import GEMV_KERNEL, plugin_flag
+from . import GEMV_KERNEL, GEMV_PROBE, plugin_flag
 from .kda_gates import MAX_TOKENS, gemv_block
 
 # %% auto #0
-__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'gemv_torch', 'gemv_fma_kernel',
+__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'PROBE_ROW', 'gemv_torch', 'gemv_fma_kernel',
            'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv', 'GemvLinearMethod',
-           'GemvEmbeddingMethod', 'use_gemv_kernels', 'gemv_kernel_enabled']
+           'GemvEmbeddingMethod', 'use_gemv_kernels', 'gemv_kernel_enabled', 'probe_table', 'use_probe_tables',
+           'gemv_probe_enabled']
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00006
 def _check(x:torch.Tensor, w:torch.Tensor)->tuple:
@@ -198,3 +199,26 @@ def use_gemv_kernels(model:torch.nn.Module, table:dict|None=None)->list:
 def gemv_kernel_enabled(vllm_config)->bool:
     "Whether `solar_open2_gemv_kernel` is set in vLLM's `additional_config` (default off)."
     return plugin_flag(vllm_config, GEMV_KERNEL, False)
+
+PROBE_ROW = (MAX_TOKENS, "fma", (2, 256, 4))   # any shape: rows and inputs are masked
+
+def probe_table(model:torch.nn.Module, row:tuple=PROBE_ROW)->dict:
+    "A table naming every unquantized 2-D linear or LM-head weight shape of `model` with one FMA row: the parity runs' table."
+    out = {}
+    for m in model.modules():
+        qm, w = getattr(m, "quant_method", None), getattr(m, "weight", None)
+        if w is None or w.dim() != 2: continue
+        if type(qm) is UnquantizedLinearMethod or (type(qm) is UnquantizedEmbeddingMethod and isinstance(m, ParallelLMHead)):
+            out[(*w.shape, str(w.dtype).removeprefix("torch."))] = (row,)
+    return out
+
+def use_probe_tables(model:torch.nn.Module)->list:
+    """`solar_open2_gemv_probe`: add `probe_table(model)` to this process's `GEMV_TILES` (the op reads that table) for the
+    shapes it lacks, then swap the methods. For `scripts/gpu_parity.py` on the tiny checkpoint, whose shapes the measured
+    table does not name; never for speed."""
+    for k, v in probe_table(model).items(): GEMV_TILES.setdefault(k, v)
+    return use_gemv_kernels(model)
+
+def gemv_probe_enabled(vllm_config)->bool:
+    "Whether `solar_open2_gemv_probe` is set (default off; it needs `solar_open2_gemv_kernel` too)."
+    return plugin_flag(vllm_config, GEMV_PROBE, False)

@@ -17,7 +17,7 @@ from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
 from .moe_experts import use_triton_experts
-from .gemv import gemv_kernel_enabled, use_gemv_kernels
+from .gemv import gemv_kernel_enabled, gemv_probe_enabled, use_gemv_kernels, use_probe_tables
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                                ReplicatedLinear, RowParallelLinear)
@@ -171,7 +171,8 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=self.quant_config,
                                       prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
-        if gemv_kernel_enabled(vllm_config): use_gemv_kernels(self)   # chapter 08i: small-batch GEMVs for the shapes it names
+        if gemv_kernel_enabled(vllm_config):                  # chapter 08i: small-batch GEMVs for the shapes it names
+            use_probe_tables(self) if gemv_probe_enabled(vllm_config) else use_gemv_kernels(self)   # probe: parity runs only
 
     def embed_input_ids(self, input_ids:torch.Tensor)->torch.Tensor: return self.model.embed_input_ids(input_ids)
 
