@@ -65,20 +65,17 @@ def o_norm_module(D:int, eps:float, weight, device):
     return m.forward_cuda if device == "cuda" else m.forward_native
 
 def unfused_step(c:dict, kn, o_norm)->"torch.Tensor":
-    "One decode step as chapter 08d's op and `o_norm` run it: [T, Hl, D] (qkv is convolved in place, as in the engine)."
+    "One decode step as chapter 08j's fallback runs it: zeros, 08d's `kda_decode_unfused`, the copy, `o_norm` ([T, Hl, D])."
     import torch
+    from solar_open2.vllm.kda import kda_decode_unfused
     T = c["qkv"].shape[0]
     _, Hl, D, _ = c["rec_state"].shape
-    P, W, idx = Hl * D, c["conv_w"].shape[-1], c["idx"]
+    idx = c["idx"]
     n = idx.shape[0]
     core = torch.zeros(T, Hl, D, dtype=c["qkv"].dtype, device=c["qkv"].device)
-    x = kn.conv_decode(c["qkv"][:n], c["conv_state"], c["conv_w"].reshape(3 * P, W), None, activation="silu",
-                       conv_state_indices=idx, validate_data=True)          # [n, 3P]
-    q, k, v = (z.reshape(1, n, Hl, D) for z in x.split(P, -1))
-    g = kn.gate(c["g1"][:n], c["A_log"], D, g_bias=c["dt_bias"]).reshape(1, n, Hl, D)
-    qsl = torch.arange(n + 1, dtype=torch.int32, device=idx.device)
-    o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=c["beta"][:n].reshape(1, n, Hl), initial_state=c["rec_state"],
-                        use_qk_l2norm_in_kernel=True, cu_seqlens=qsl, ssm_state_indices=idx)
+    o = kda_decode_unfused(kn, c["qkv"][:n], c["conv_state"], c["conv_w"].reshape(3 * Hl * D, -1), c["g1"][:n], c["A_log"],
+                           c["dt_bias"], c["beta"][:n], c["rec_state"], idx,
+                           torch.arange(n + 1, dtype=torch.int32, device=idx.device))   # qkv convolved in place, as in the engine
     core[:n] = o[0, :n]
     return o_norm(core, c["g2"].reshape(T, Hl, D))
 

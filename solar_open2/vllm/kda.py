@@ -38,7 +38,7 @@ __all__ = ['KDA_FUSED', 'KDA_CONV', 'kda_beta', 'KDAKernels', 'triton_kernels', 
            'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
            'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'kda_state_shape', 'kda_state_dtype',
            'kda_state_copy_func', 'warmup_tokens', 'fuse_kda_proj', 'kda_fused_target', 'load_kda_tensor',
-           'SolarOpen2KDA', 'stable_triton_cache']
+           'SolarOpen2KDA', 'kda_decode_unfused', 'stable_triton_cache']
 
 # %% ../../nbs/08d_vllm_kda.ipynb #0d32c8f0
 def kda_beta(b:torch.Tensor, # [T, H] beta logits from `b_proj`, any dtype
@@ -353,6 +353,34 @@ if not hasattr(torch.ops.vllm, KDA_OP_NAME):
     direct_register_custom_op(op_name=KDA_OP_NAME, op_func=_kda_op, mutates_args=["core_attn_out"], fake_impl=_kda_op_fake)
 
 # %% ../../nbs/08d_vllm_kda.ipynb #7e03aeb6
+def kda_decode_unfused(kn:KDAKernels, # the kernel table (Triton on the GPU, torch as the reference)
+                       qkv:torch.Tensor, # [n, 3*Hl*D] pre-conv q, k, v of one token per sequence (any row stride)
+                       conv_state:torch.Tensor, # [slots, 3*Hl*D, K-1], updated
+                       w:torch.Tensor, # [3*Hl*D, K] stacked conv weights
+                       g1:torch.Tensor, # [n, Hl*D] raw gate
+                       A_log:torch.Tensor, dt_bias:torch.Tensor, # the gate's parameters
+                       beta:torch.Tensor, # [n, Hl] fp32, already 2·sigmoid
+                       rec_state:torch.Tensor, # [slots, Hl, D, D] fp32, updated
+                       idx:torch.Tensor, # [>= n] state slot of each sequence
+                       cu_seqlens:torch.Tensor, # [n+1] 0, 1, ..., n
+                      )->torch.Tensor: # o [1, n, Hl, D]
+    "A pure-decode batch: conv update, the gate once, the recurrent step (the kernels' own l2norm of q and k)."
+    n, (_, Hl, D, _) = qkv.shape[0], rec_state.shape
+    qkv = kn.conv_decode(qkv, conv_state, w, None, activation="silu", conv_state_indices=idx[:n], validate_data=True)   # in place on the Triton path
+    q, k, v = (x.reshape(1, n, Hl, D) for x in qkv.split(Hl * D, -1))       # [n, 3*Hl*D] -> [1, n, Hl, D] x3
+    g = kn.gate(g1, A_log, D, g_bias=dt_bias).reshape(1, n, Hl, D)           # the gate, applied here, once
+    o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=beta.reshape(1, n, Hl), initial_state=rec_state,
+                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, ssm_state_indices=idx)
+    return o
+
+def _conv_states(self:SolarOpen2KDA)->tuple:
+    "The layer's states as the kernels take them: conv `[slots, 3*Hl*D, K-1]` (a view in either layout), recurrent `[slots, Hl, D, D]`."
+    conv_state, rec_state = self.kv_cache                                     # [slots, K-1, 3*Hl*D] (SD) or [slots, 3*Hl*D, K-1]
+    if not is_conv_state_dim_first(): conv_state = conv_state.transpose(-1, -2)
+    return conv_state, rec_state
+
+SolarOpen2KDA.conv_states = _conv_states
+
 def _forward(self:SolarOpen2KDA,
              qkv:torch.Tensor, # [T, 3*Hl*D] pre-conv q, k, v side by side (any row stride)
              g1:torch.Tensor, # [T, Hl*D] raw gate
@@ -366,29 +394,23 @@ def _forward(self:SolarOpen2KDA,
     n, Hl, D, kn = md.num_actual_tokens, self.local_heads, self.head_dim, self.kernels
     if n == 0: return
     qkv, g1, beta = qkv[:n], g1[:n], beta[:n]
-    conv_state, rec_state = self.kv_cache                                     # [slots, K-1, 3*Hl*D] (SD) or [slots, 3*Hl*D, K-1]; [slots, Hl, D, D] fp32
-    if not is_conv_state_dim_first(): conv_state = conv_state.transpose(-1, -2)   # -> [slots, 3*Hl*D, K-1]
+    conv_state, rec_state = self.conv_states()                               # [slots, 3*Hl*D, K-1], [slots, Hl, D, D] fp32
     w = self.qkv_conv1d.weight.view(3 * Hl * D, self.conv_size)              # [3*Hl*D, 1, K] -> [3*Hl*D, K], rows [q; k; v]
     idx, qsl = md.non_spec_state_indices_tensor, md.non_spec_query_start_loc
-    prefill = md.num_prefills > 0
-    if prefill:                                                               # [3*Hl*D, n] channel-last in, [n, 3*Hl*D] out
-        qkv = kn.conv_prefill(qkv.transpose(0, 1), w, None, activation="silu", conv_states=conv_state,
-                              has_initial_state=md.has_initial_state, cache_indices=idx, query_start_loc=qsl,
-                              metadata=md).transpose(0, 1)
-    else:                                                                     # [n, 3*Hl*D], in place on the Triton path
-        qkv = kn.conv_decode(qkv, conv_state, w, None, activation="silu", conv_state_indices=idx[:n], validate_data=True)
+    if md.num_prefills == 0:                                                  # a pure-decode batch
+        o = kda_decode_unfused(kn, qkv, conv_state, w, g1, self.A_log, self.dt_bias, beta, rec_state, idx,
+                               qsl[:md.num_decodes + 1])
+        core_attn_out[:n] = o[0, :n]
+        return
+    qkv = kn.conv_prefill(qkv.transpose(0, 1), w, None, activation="silu", conv_states=conv_state,   # [3*Hl*D, n] in
+                          has_initial_state=md.has_initial_state, cache_indices=idx, query_start_loc=qsl,
+                          metadata=md).transpose(0, 1)                       # -> [n, 3*Hl*D]
     q, k, v = (x.reshape(1, n, Hl, D) for x in qkv.split(Hl * D, -1))       # [n, 3*Hl*D] -> [1, n, Hl, D] x3
-    beta = beta.reshape(1, n, Hl)                                             # [1, n, Hl] fp32
-    if prefill:
-        rec_state[idx[~md.has_initial_state]] = 0                            # new sequences start from S = 0
-        o, final = kn.chunk(q=q, k=k, v=v, raw_g=g1.reshape(1, n, Hl, D), beta=beta, A_log=self.A_log,
-                            g_bias=self.dt_bias, initial_state=rec_state[idx].contiguous(), output_final_state=True,
-                            use_qk_l2norm_in_kernel=True, cu_seqlens=qsl)    # gate fused in the kernel
-        rec_state[idx] = final.to(rec_state.dtype)
-    else:
-        g = kn.gate(g1, self.A_log, D, g_bias=self.dt_bias).reshape(1, n, Hl, D)   # the gate, applied here, once
-        o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=beta, initial_state=rec_state, use_qk_l2norm_in_kernel=True,
-                            cu_seqlens=qsl[:md.num_decodes + 1], ssm_state_indices=idx)
+    rec_state[idx[~md.has_initial_state]] = 0                                # new sequences start from S = 0
+    o, final = kn.chunk(q=q, k=k, v=v, raw_g=g1.reshape(1, n, Hl, D), beta=beta.reshape(1, n, Hl), A_log=self.A_log,
+                        g_bias=self.dt_bias, initial_state=rec_state[idx].contiguous(), output_final_state=True,
+                        use_qk_l2norm_in_kernel=True, cu_seqlens=qsl)        # gate fused in the kernel
+    rec_state[idx] = final.to(rec_state.dtype)
     core_attn_out[:n] = o[0, :n]
 
 SolarOpen2KDA._forward = _forward

@@ -53,21 +53,17 @@ def kda_decode_torch(qkv:torch.Tensor, # [T, 3·P] pre-conv q | k | v of one tok
                      idx:torch.Tensor, # [n] state slot of each sequence, n <= T
                      out:torch.Tensor|None=None, # [T, Hl, D] written (activation dtype); new when None
                     )->torch.Tensor: # [T, Hl, D]
-    "One decode token per sequence through 08d's torch kernels, then `o_norm`: the definition the kernel is held to."
-    from solar_open2.vllm.kda import causal_conv1d_update_torch, fused_recurrent_kda_torch, kda_gate_torch   # 08d imports this module
+    "One decode token per sequence through 08d's decode path on its torch kernels, then `o_norm`: the definition the kernel is held to."
+    from solar_open2.vllm.kda import kda_decode_unfused, torch_kernels   # 08d imports this module
     T, Hl, D, W = _check(qkv, conv_state, conv_w, g1, beta, g2, rec_state, idx)
     n, P = idx.shape[0], Hl * D
     out = torch.zeros(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out.zero_()
     live = idx > 0                                                            # [n]: the null block and padding stay untouched
     if not bool(live.any()): return out
     rows, slots = live.nonzero()[:, 0], idx[live]
-    y = causal_conv1d_update_torch(qkv[rows], conv_state, conv_w.reshape(3 * P, W), None, activation="silu",
-                                   conv_state_indices=slots)                 # [m, 3·P] in qkv's dtype
     m = rows.shape[0]
-    q, k, v = (z.reshape(1, m, Hl, D) for z in y.split(P, -1))               # [1, m, Hl, D] x3
-    g = kda_gate_torch(g1[rows], A_log, D, g_bias=dt_bias).reshape(1, m, Hl, D)
-    o, _ = fused_recurrent_kda_torch(q=q, k=k, v=v, g=g, beta=beta[rows].reshape(1, m, Hl), initial_state=rec_state,
-                                     cu_seqlens=torch.arange(m + 1, device=qkv.device), ssm_state_indices=slots)
+    o = kda_decode_unfused(torch_kernels(), qkv[rows], conv_state, conv_w.reshape(3 * P, W), g1[rows], A_log, dt_bias,
+                           beta[rows], rec_state, slots, torch.arange(m + 1, device=qkv.device))   # [1, m, Hl, D]
     of = o[0].float()                                                         # [m, Hl, D], rounded like the op's output
     yn = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps) * norm_w.float() * torch.sigmoid(g2[rows].float().reshape(m, Hl, D))
     out[rows] = yn.to(out.dtype)
@@ -218,9 +214,7 @@ def kda_decode_forward(layer, # a `SolarOpen2KDA`
     if md is not None and md.num_prefills == 0 and not md.num_spec_decodes and md.spec_state_indices_tensor is None \
             and 0 < md.num_actual_tokens <= MAX_DECODE_SEQS:
         n, T = md.num_actual_tokens, qkv.shape[0]
-        conv_state, rec_state = layer.kv_cache
-        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-        if not is_conv_state_dim_first(): conv_state = conv_state.transpose(-1, -2)   # -> [slots, 3·Hl·D, W-1]
+        conv_state, rec_state = layer.conv_states()                              # [slots, 3·Hl·D, W-1], [slots, Hl, D, D]
         kda_decode_triton(qkv, conv_state, layer.qkv_conv1d.weight, g1, layer.A_log, layer.dt_bias, beta,
                           g2.reshape(T, -1), layer.o_norm.weight, layer.o_norm.eps, rec_state,
                           md.non_spec_state_indices_tensor[:n], out=out)
