@@ -183,16 +183,23 @@ class GemvEmbeddingMethod(UnquantizedEmbeddingMethod):
         if _use_op(x, bias): return torch.ops.vllm.solar_open2_gemv(x, layer.weight)
         return super().apply(layer, x, bias)
 
+def _gemv_method(m:torch.nn.Module)->tuple:
+    "(table key, the GEMV method to give it) of an unquantized 2-D linear layer or LM head; (None, None) for anything else."
+    qm, w = getattr(m, "quant_method", None), getattr(m, "weight", None)
+    if w is None or w.dim() != 2: return None, None
+    key = (*w.shape, str(w.dtype).removeprefix("torch."))
+    if type(qm) is UnquantizedLinearMethod: return key, GemvLinearMethod
+    if type(qm) is UnquantizedEmbeddingMethod and isinstance(m, ParallelLMHead): return key, GemvEmbeddingMethod
+    return None, None
+
 def use_gemv_kernels(model:torch.nn.Module, table:dict|None=None)->list:
     "Give every unquantized linear layer and LM head of `model` whose weight shape `table` names the GEMV method; their names."
     table = GEMV_TILES if table is None else table
     swapped = []
     for name, m in model.named_modules():
-        qm, w = getattr(m, "quant_method", None), getattr(m, "weight", None)
-        if w is None or w.dim() != 2 or (*w.shape, str(w.dtype).removeprefix("torch.")) not in table: continue
-        if type(qm) is UnquantizedLinearMethod: m.quant_method = GemvLinearMethod()
-        elif type(qm) is UnquantizedEmbeddingMethod and isinstance(m, ParallelLMHead): m.quant_method = GemvEmbeddingMethod()
-        else: continue
+        key, method = _gemv_method(m)
+        if key is None or key not in table: continue
+        m.quant_method = method()
         swapped.append(name)
     return swapped
 
@@ -204,13 +211,8 @@ PROBE_ROW = (MAX_TOKENS, "fma", (2, 256, 4))   # any shape: rows and inputs are 
 
 def probe_table(model:torch.nn.Module, row:tuple=PROBE_ROW)->dict:
     "A table naming every unquantized 2-D linear or LM-head weight shape of `model` with one FMA row: the parity runs' table."
-    out = {}
-    for m in model.modules():
-        qm, w = getattr(m, "quant_method", None), getattr(m, "weight", None)
-        if w is None or w.dim() != 2: continue
-        if type(qm) is UnquantizedLinearMethod or (type(qm) is UnquantizedEmbeddingMethod and isinstance(m, ParallelLMHead)):
-            out[(*w.shape, str(w.dtype).removeprefix("torch."))] = (row,)
-    return out
+    keys = (_gemv_method(m)[0] for m in model.modules())
+    return {k: (row,) for k in keys if k is not None}
 
 def use_probe_tables(model:torch.nn.Module)->list:
     """`solar_open2_gemv_probe`: add `probe_table(model)` to this process's `GEMV_TILES` (the op reads that table) for the
