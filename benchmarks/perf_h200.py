@@ -165,7 +165,7 @@ def build_parser()->argparse.ArgumentParser:
                          "solar_open2_kda_gate_kernel); default: the plugin's default (on since 2026-11-30)")
     ap.add_argument("--gemv-kernel", action=argparse.BooleanOptionalAction, default=None,
                     help="small-batch dense projections, router and LM head through chapter 08i's kernels (additional_config "
-                         "solar_open2_gemv_kernel); default: the plugin's default (off)")
+                         "solar_open2_gemv_kernel); default: the plugin's default (on since 2026-11-30)")
     ap.add_argument("--kda-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
                     help="KDA decode steps (conv, gate, delta rule, o_norm) through chapter 08j's one kernel (additional_config "
                          "solar_open2_kda_decode_kernel); default: the plugin's default (on since 2026-11-30)")
@@ -186,6 +186,12 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--profile", action="store_true", help="torch-profile a few decode steps (summary only in the JSON)")
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--keep-trace", action="store_true", help="also copy rank 0's trace (.json.gz, if < 15 MiB) to $OUT")
+    ap.add_argument("--smi-interval-ms", type=int, default=500, help="nvidia-smi memory sampling period (peak memory "
+                    "per GPU); 0 turns it off (an A/B for host-side stalls in the decode window)")
+    ap.add_argument("--smi-during-measure", action="store_true", help="keep the nvidia-smi sampler running through the "
+                    "measurements (default: stopped after the warm-up; it stalls decode now and then)")
+    ap.add_argument("--smi-ab", action="store_true", help="after the decode figures, stop the nvidia-smi sampler and "
+                    "measure the first decode context again (figure_details ..._nosmi)")
     ap.add_argument("--deadline-s", type=float, help="start no measurement after this many seconds (JSON is always written)")
     ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the JSON files are written and read")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
@@ -388,8 +394,13 @@ def single_stream_stats(rec:dict)->dict:
     out = {"prompt_len": rec["prompt_len"], "tokens": n, "ttft_s": ttft, "prefill_tok_s": rec["prompt_len"] / ttft}
     if n >= 3:
         gaps = [b - a for a, b in zip(t[:-1], t[1:])]
+        med = statistics.median(gaps)
+        top = sorted(range(len(gaps)), key=lambda i: -gaps[i])[:5]
         out.update(decode_s=t[-1] - t[0], decode_tok_s=(n - 1) / (t[-1] - t[0]),
-                   itl_median_ms=1e3 * statistics.median(gaps), itl_p90_ms=1e3 * sorted(gaps)[int(0.9 * (len(gaps) - 1))])
+                   itl_median_ms=1e3 * med, itl_p90_ms=1e3 * sorted(gaps)[int(0.9 * (len(gaps) - 1))],
+                   itl_max_ms=1e3 * max(gaps),
+                   stall_s=sum(g - med for g in gaps if g > 2 * med),      # time in gaps over twice the median
+                   itl_top=[[i, round(1e3 * gaps[i], 3)] for i in top])    # [gap index, ms]: where the window lost time
     return out
 
 def batch_stats(recs:list)->dict:
@@ -623,10 +634,25 @@ def gpu_info()->dict:
     return {"name": gpus[0]["name"] if gpus else None, "count": len(gpus), "gpus": gpus,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
+def stop_smi(p, path:Path|None=None)->bool:
+    """Stop the sampler `p` (from `smi_monitor`) now, then append one last sample to `path` (the memory at the end).
+    The sampler stalls the GPU work now and then: on 2026-11-30 one nvidia-smi query cost a decode window a single
+    317 ms gap (chapter 09), so the measurements run without it. Returns whether a sampler was running."""
+    if p is None or p.poll() is not None: return False
+    p.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired): p.wait(timeout=10)
+    return True
+
+def smi_snapshot(path:Path)->None:
+    "Append one nvidia-smi memory sample to `path` (after the measurements; no-op without nvidia-smi)."
+    if shutil.which("nvidia-smi") is None: return
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired), open(path, "a") as f:
+        subprocess.run(SMI_QUERY, stdout=f, stderr=subprocess.DEVNULL, timeout=30)
+
 @contextlib.contextmanager
 def smi_monitor(path:Path, interval_ms:int=500):
-    "Sample GPU memory into `path` while the block runs (a child process of ours, stopped by its pid)."
-    if shutil.which("nvidia-smi") is None:
+    "Sample GPU memory into `path` while the block runs (a child process of ours, stopped by its pid); 0: no sampling."
+    if shutil.which("nvidia-smi") is None or interval_ms <= 0:
         yield None; return
     f = open(path, "w")
     p = subprocess.Popen(SMI_QUERY + ["-lms", str(interval_ms)], stdout=f, stderr=subprocess.DEVNULL)
@@ -834,7 +860,8 @@ def settings(a, phase:str)->dict:
             "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,
             "batch_prompt": a.batch_prompt, "batch_tokens": a.batch_tokens, "profile": a.profile,
-            "profile_steps": a.profile_steps if a.profile else None, "deadline_s": a.deadline_s}
+            "profile_steps": a.profile_steps if a.profile else None, "deadline_s": a.deadline_s,
+            "smi_interval_ms": a.smi_interval_ms, "smi_ab": a.smi_ab, "smi_during_measure": a.smi_during_measure}
 
 def new_result(a, phase:str, argv:list)->dict:
     return {"schema": SCHEMA, "benchmark": "perf_h200", "phase": phase, "config": a.config, "status": "started",
@@ -858,6 +885,7 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
     def warmup():                      # one stream at the first decode context, one full batch: new kernel variants
         run_requests(eng, [token_prompt(a.decode_contexts[0], vocab, next(seed))], 16, "warm-1")
         run_requests(eng, [token_prompt(64, vocab, next(seed)) for _ in range(max(a.batch_sizes))], 8, "warm-b")
+        if not (a.smi_during_measure or a.smi_ab): res["smi_stopped_after_warmup"] = stop_smi(getattr(a, "_smi", None))
 
     def decode(ctx):
         rec = run_requests(eng, [token_prompt(ctx, vocab, next(seed))], a.decode_tokens, f"dec{ctx}")
@@ -867,6 +895,11 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
             {"kind": "decode", "context": ctx, "batch": 1, "tokens": st["tokens"], "itl_median_ms": st.get("itl_median_ms"),
              "decode_tok_s": st["decode_tok_s"]}, roof, "decode_tok_s", "per_seq_tok_s", "decode-bandwidth")
         res["figure_details"][f"decode_bs1_ctx{ctx}"] = st
+
+    def decode_nosmi(ctx):             # the A/B for host-side stalls: stop the nvidia-smi sampler, measure the same again
+        stopped = stop_smi(getattr(a, "_smi", None))
+        rec = run_requests(eng, [token_prompt(ctx, vocab, next(seed))], a.decode_tokens, f"dec{ctx}-nosmi")
+        res["figure_details"][f"decode_bs1_ctx{ctx}_nosmi"] = {**single_stream_stats(rec[0]), "smi_stopped": stopped}
 
     def prefill(ctx):                  # time to first token with max_tokens=1, best of the repeats
         runs = [single_stream_stats(run_requests(eng, [token_prompt(ctx, vocab, next(seed))], 1, f"pre{ctx}-{i}")[0])
@@ -894,6 +927,7 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
 
     plan = [("warmup", 60, warmup, ())]
     plan += [(f"decode_bs1_ctx{c}", 60 if c > 8192 else 40, decode, (c,)) for c in a.decode_contexts]
+    plan += [(f"decode_bs1_ctx{a.decode_contexts[0]}_nosmi", 40, decode_nosmi, (a.decode_contexts[0],))] if a.smi_ab else []
     plan += [(f"prefill_ctx{c}", (20 + 10 * a.prefill_repeats) * (c / 32768 + 0.5), prefill, (c,)) for c in a.prefill_contexts]
     plan += [(f"decode_bs{b}", 45, batch, (b,)) for b in a.batch_sizes]
     plan += [("profile", 90, profile, ())] if a.profile else []
@@ -967,7 +1001,8 @@ def run_phase(a, phase:str, argv:list)->int:
                        "predicted_step_us": {str(c): predicted_step_us(cfg, a.tp, c) for c in a.decode_contexts}}
     save()
     rc, llm = 0, None
-    with LogCapture(log_path) as cap, smi_monitor(work / "smi.csv"):
+    with LogCapture(log_path) as cap, smi_monitor(work / "smi.csv", a.smi_interval_ms) as smi:
+        a._smi = smi
         try:
             res["plugin"] = {"register": register_plugin(), "shim": str(shim) if shim else None,
                              "entry_point_seen": str(installed_entry_point())}
@@ -1002,7 +1037,9 @@ def run_phase(a, phase:str, argv:list)->int:
             import multiprocessing
             for p in multiprocessing.active_children():              # our own engine processes only, by pid
                 with contextlib.suppress(Exception): p.terminate(); p.join(10)
-    res["memory"] = {"source": "nvidia-smi memory.used sampled every 0.5 s over the whole phase",
+    smi_snapshot(work / "smi.csv")
+    sampled = "the whole phase" if a.smi_during_measure or a.smi_ab else "the engine start and warm-up, plus one sample at the end"
+    res["memory"] = {"source": f"nvidia-smi memory.used sampled every {a.smi_interval_ms / 1e3:g} s over {sampled}",
                      **parse_smi((work / "smi.csv").read_text() if (work / "smi.csv").exists() else "")}
     lf = res["engine"].get("log_final", {})
     res["memory"]["model_loading_gib"] = [m["gib"] for m in lf.get("model_loading", [])]

@@ -356,6 +356,12 @@ def test_single_stream_stats():
     s = ph.single_stream_stats(_rec(2048, 10.0, 10.5, 0.004, 101))
     assert math.isclose(s["ttft_s"], 0.5) and math.isclose(s["prefill_tok_s"], 4096)
     assert math.isclose(s["decode_tok_s"], 250, rel_tol=1e-9) and math.isclose(s["itl_median_ms"], 4, rel_tol=1e-6)
+    assert s["stall_s"] == 0 and math.isclose(s["itl_max_ms"], 4, rel_tol=1e-6)
+    r = _rec(2048, 0.0, 1.0, 0.005, 101)
+    r["times"] = r["times"][:40] + [x + 0.3 for x in r["times"][40:]]         # one 300 ms stall after token 39
+    st = ph.single_stream_stats(r)
+    assert math.isclose(st["stall_s"], 0.3, rel_tol=1e-6) and st["itl_top"][0] == [39, 305.0]
+    assert math.isclose(st["decode_s"], 0.8) and math.isclose(st["itl_median_ms"], 5, rel_tol=1e-6)
     one = ph.single_stream_stats(_rec(8192, 0.0, 2.0, 0.0, 1))
     assert one["prefill_tok_s"] == 4096 and "decode_tok_s" not in one
     with pytest.raises(ValueError): ph.single_stream_stats({"prompt_len": 1, "t_add": 0, "times": [], "tokens": []})
@@ -810,3 +816,14 @@ def test_progress_rows_and_plot(tmp_path):
     pp.plot_progress(log, 478.6, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="no measured decode_bs1_ctx2048"): pp.plot_progress(log[1:2], 478.6, tmp_path / "q.png")
+
+def test_stop_smi_stops_the_sampler_once(tmp_path):
+    "The measurements run without the nvidia-smi sampler (it cost one decode window a 317 ms gap): stop_smi ends it."
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert ph.stop_smi(p) is True and p.poll() is not None
+    assert ph.stop_smi(p) is False and ph.stop_smi(None) is False               # already stopped; none started
+    with ph.smi_monitor(tmp_path / "smi.csv", 0) as q: assert q is None          # interval 0: no sampler at all
+    a = ph.parse_args(["--phase", "graphs"])
+    assert (a.smi_during_measure, a.smi_ab, a.smi_interval_ms) == (False, False, 500)
+    assert ph.settings(ph.parse_args(["--phase", "graphs", "--smi-ab"]), "graphs")["smi_ab"] is True

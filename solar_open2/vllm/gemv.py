@@ -204,8 +204,8 @@ def use_gemv_kernels(model:torch.nn.Module, table:dict|None=None)->list:
     return swapped
 
 def gemv_kernel_enabled(vllm_config)->bool:
-    "Whether `solar_open2_gemv_kernel` is set in vLLM's `additional_config` (default off)."
-    return plugin_flag(vllm_config, GEMV_KERNEL, False)
+    "Whether `solar_open2_gemv_kernel` is on in vLLM's `additional_config` (default on since 2026-11-30: parity v7)."
+    return plugin_flag(vllm_config, GEMV_KERNEL, True)
 
 PROBE_ROW = (MAX_TOKENS, "fma", (2, 256, 4))   # any shape: rows and inputs are masked
 

@@ -13,6 +13,7 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+from vllm.logger import init_logger
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
@@ -28,13 +29,15 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
+logger = init_logger(__name__)
+
 from ..config import SolarOpen2Config, LINEAR
 from .config import refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, fuse_kda_proj, kda_fused_target, kda_state_copy_func, kda_state_dtype,
                                   kda_state_shape, load_kda_tensor)
 
 # %% auto #0
-__all__ = ['SolarOpen2Attention', 'SolarOpen2MLP', 'SolarOpen2MoE', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
+__all__ = ['logger', 'SolarOpen2Attention', 'SolarOpen2MLP', 'SolarOpen2MoE', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
            'SolarOpen2ForCausalLM', 'WeightLoadError']
 
 # %% ../../nbs/08e_vllm_model.ipynb #4076a839
@@ -172,7 +175,10 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
                                       prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
         if gemv_kernel_enabled(vllm_config):                  # chapter 08i: small-batch GEMVs for the shapes it names
-            use_probe_tables(self) if gemv_probe_enabled(vllm_config) else use_gemv_kernels(self)   # probe: parity runs only
+            probe = gemv_probe_enabled(vllm_config)            # probe: parity runs only
+            swapped = use_probe_tables(self) if probe else use_gemv_kernels(self)
+            logger.info("solar_open2: %d linear layers take chapter 08i's GEMV kernels%s", len(swapped),
+                        " (probe tables)" if probe else "")
 
     def embed_input_ids(self, input_ids:torch.Tensor)->torch.Tensor: return self.model.embed_input_ids(input_ids)
 

@@ -15,9 +15,10 @@ import triton.language as tl
 from .. import nvfp4
 
 # %% auto #0
-__all__ = ['TILES', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch', 'nibbles', 'quad',
-           'tile_dot', 'tile_dot_words', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'codes_for',
-           'tiles_for', 'moe_decode_triton', 'self_check']
+__all__ = ['DOT16_PTX', 'TILES', 'READS', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch',
+           'nibbles', 'quad', 'tile_dot', 'tile_dot_words', 'quad16', 'f16x2', 'block_scale', 'act_pairs', 'dot16',
+           'tile_dot_half2', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'codes_for',
+           'interpreting', 'tiles_for', 'moe_decode_triton', 'self_check', 'sass_loop']
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #11bf17d0
 @dataclass(eq=False)
@@ -70,6 +71,7 @@ def moe_decode_torch(x:torch.Tensor, # [M, K] activations
                      topk_weights:torch.Tensor, # [M, k] their routing weights
                      w13:NVFP4Experts, # [E, 2I, K]: gate rows, then up rows
                      w2:NVFP4Experts, # [E, H, I]
+                     h_dtype:torch.dtype=torch.float32, # round the intermediate `h` to this (bf16: what a bf16 kernel keeps)
                     )->torch.Tensor: # [M, H] fp32
     "The routed experts of each token, plain fp32: `Σ_j w_j · W2[e_j] (silu(G[e_j] x) ⊙ U[e_j] x)`."
     M, k = topk_ids.shape
@@ -79,7 +81,7 @@ def moe_decode_torch(x:torch.Tensor, # [M, K] activations
         for j in range(k):
             e = int(topk_ids[m, j])
             gu = w13.dense(e) @ x[m].float()                                   # [2I]
-            h = F.silu(gu[:I]) * gu[I:]                                        # [I]
+            h = (F.silu(gu[:I]) * gu[I:]).to(h_dtype).float()                 # [I]
             out[m] += topk_weights[m, j].float() * (w2.dense(e) @ h)           # [H]
     return out
 
@@ -132,10 +134,117 @@ def tile_dot_words(wp, sp, msk, x0, x1, x2, x3, x4, x5, x6, x7, k0,
     return p * sc                                                                           # [KP, BN, BK/16]
 
 @triton.jit
+def quad16(w, S:tl.constexpr):
+    "`quad` before the conversion to fp32: (code 3-S, code 7-S) of uint32 words as fp16 values (E2M1 times 2^-14)."
+    q = w << (4 * S)
+    o = (q & 0x80008000) | ((q & 0x70007000) >> 3)
+    return o.to(tl.uint16).to(tl.float16, bitcast=True), (o >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+
+@triton.jit
+def f16x2(lo, hi, ASM:tl.constexpr):
+    "Two fp32 tensors -> uint32 holding fp16(lo) in bits 15-0 and fp16(hi) in bits 31-16, rounded to nearest."
+    if ASM:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return (lo.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+                | (hi.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32) << 16))
+
+@triton.jit
+def block_scale(amax):
+    "A block's max |x| (fp32) -> (s, 1/s), powers of two with max |x·s| in [2^14, 2^15): fp16 then holds x·s exactly."
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF                   # biased exponent of the max
+    e = tl.minimum(tl.maximum(e, 15), 254)                                # zero or tiny blocks: s = 2^126; inf/nan: 2^-113
+    return ((268 - e) << 23).to(tl.float32, bitcast=True), ((e - 14) << 23).to(tl.float32, bitcast=True)
+
+@triton.jit
+def act_pairs(p, msk, ASM:tl.constexpr):
+    "16 inputs per block at `p + c` -> the 8 fp16 pairs `dot16` takes, (x_c, x_c+4) of each word, scaled by s; and 1/s."
+    x0 = tl.load(p, mask=msk, other=0.0).to(tl.float32)
+    x1 = tl.load(p + 1, mask=msk, other=0.0).to(tl.float32)
+    x2 = tl.load(p + 2, mask=msk, other=0.0).to(tl.float32)
+    x3 = tl.load(p + 3, mask=msk, other=0.0).to(tl.float32)
+    x4 = tl.load(p + 4, mask=msk, other=0.0).to(tl.float32)
+    x5 = tl.load(p + 5, mask=msk, other=0.0).to(tl.float32)
+    x6 = tl.load(p + 6, mask=msk, other=0.0).to(tl.float32)
+    x7 = tl.load(p + 7, mask=msk, other=0.0).to(tl.float32)
+    x8 = tl.load(p + 8, mask=msk, other=0.0).to(tl.float32)
+    x9 = tl.load(p + 9, mask=msk, other=0.0).to(tl.float32)
+    x10 = tl.load(p + 10, mask=msk, other=0.0).to(tl.float32)
+    x11 = tl.load(p + 11, mask=msk, other=0.0).to(tl.float32)
+    x12 = tl.load(p + 12, mask=msk, other=0.0).to(tl.float32)
+    x13 = tl.load(p + 13, mask=msk, other=0.0).to(tl.float32)
+    x14 = tl.load(p + 14, mask=msk, other=0.0).to(tl.float32)
+    x15 = tl.load(p + 15, mask=msk, other=0.0).to(tl.float32)
+    a = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+                   tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
+    b = tl.maximum(tl.maximum(tl.maximum(tl.abs(x8), tl.abs(x9)), tl.maximum(tl.abs(x10), tl.abs(x11))),
+                   tl.maximum(tl.maximum(tl.abs(x12), tl.abs(x13)), tl.maximum(tl.abs(x14), tl.abs(x15))))
+    s, inv = block_scale(tl.maximum(a, b))
+    return (f16x2(x0 * s, x4 * s, ASM), f16x2(x1 * s, x5 * s, ASM), f16x2(x2 * s, x6 * s, ASM),
+            f16x2(x3 * s, x7 * s, ASM), f16x2(x8 * s, x12 * s, ASM), f16x2(x9 * s, x13 * s, ASM),
+            f16x2(x10 * s, x14 * s, ASM), f16x2(x11 * s, x15 * s, ASM), inv)
+
+# One word's four code pairs, (c, c+4) for c = 3, 2, 1, 0, each into an fp16x2 pattern (E2M1 · 2^-14, as `quad`) and
+# one packed fp16 FMA with the matching activation pair. PTX; ptxas merges the and/or pairs into LOP3.
+_WORD = """
+shr.b32 t, {w}, 3;  and.b32 t, t, 0x0E000E00; and.b32 a, {w}, 0x80008000; or.b32 a, a, t; {first};
+shl.b32 t, {w}, 1;  and.b32 t, t, 0x0E000E00; shl.b32 u, {w}, 4;  and.b32 u, u, 0x80008000; or.b32 a, t, u; fma.rn.f16x2 acc, a, {x2}, acc;
+shl.b32 t, {w}, 5;  and.b32 t, t, 0x0E000E00; shl.b32 u, {w}, 8;  and.b32 u, u, 0x80008000; or.b32 a, t, u; fma.rn.f16x2 acc, a, {x1}, acc;
+shl.b32 t, {w}, 9;  and.b32 t, t, 0x0E000E00; shl.b32 u, {w}, 12; and.b32 u, u, 0x80008000; or.b32 a, t, u; fma.rn.f16x2 acc, a, {x0}, acc;"""
+DOT16_PTX = tl.constexpr(
+    "{ .reg .b32 w0, w1, a, t, u, acc; .reg .b16 l, h; .reg .f32 fl, fh;\nmov.b64 {w0, w1}, $1;"
+    + _WORD.format(w="w0", first="mul.rn.f16x2 acc, a, $5", x0="$2", x1="$3", x2="$4")
+    + _WORD.format(w="w1", first="fma.rn.f16x2 acc, a, $9, acc", x0="$6", x1="$7", x2="$8")
+    + "\nmov.b32 {l, h}, acc; cvt.f32.f16 fl, l; cvt.f32.f16 fh, h; add.f32 $0, fl, fh; }")
+
+@triton.jit
+def dot16(w, X0, X1, X2, X3, X4, X5, X6, X7, ASM:tl.constexpr):
+    "int64 blocks of 16 codes · their activation pairs (`act_pairs`) -> fp32 Σ code·2^-14·x·s, two fp16 lanes of 8 FMAs each."
+    if ASM:
+        return tl.inline_asm_elementwise(DOT16_PTX, "=f,l,r,r,r,r,r,r,r,r", [w, X0, X1, X2, X3, X4, X5, X6, X7],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:                                     # the interpreter: the same patterns and fp16 lanes, multiply then add
+        w0 = w.to(tl.uint32)
+        w1 = (w >> 32).to(tl.uint32)
+        lo, hi = quad16(w0, 0)
+        al, ah = lo * _h(X3, 0), hi * _h(X3, 1)
+        lo, hi = quad16(w0, 1)
+        al, ah = al + lo * _h(X2, 0), ah + hi * _h(X2, 1)
+        lo, hi = quad16(w0, 2)
+        al, ah = al + lo * _h(X1, 0), ah + hi * _h(X1, 1)
+        lo, hi = quad16(w0, 3)
+        al, ah = al + lo * _h(X0, 0), ah + hi * _h(X0, 1)
+        lo, hi = quad16(w1, 0)
+        al, ah = al + lo * _h(X7, 0), ah + hi * _h(X7, 1)
+        lo, hi = quad16(w1, 1)
+        al, ah = al + lo * _h(X6, 0), ah + hi * _h(X6, 1)
+        lo, hi = quad16(w1, 2)
+        al, ah = al + lo * _h(X5, 0), ah + hi * _h(X5, 1)
+        lo, hi = quad16(w1, 3)
+        al, ah = al + lo * _h(X4, 0), ah + hi * _h(X4, 1)
+        return al.to(tl.float32) + ah.to(tl.float32)
+
+@triton.jit
+def _h(X, HI:tl.constexpr):
+    "One fp16 half of packed uint32 pairs."
+    return (X >> (16 * HI)).to(tl.uint16).to(tl.float16, bitcast=True)
+
+@triton.jit
+def tile_dot_half2(wp, sp, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0,
+                   KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, ASM:tl.constexpr):
+    "`tile_dot_words` with packed fp16 FMAs: `wp` points into the codes as int64 (one 16-code block each) -> [KP, BN, BK/16]."
+    bs = tl.arange(0, BLOCK_K // 16)
+    w = tl.load(wp + (k0 // 16 + bs)[None, None, :], mask=msk, other=0)                     # [KP, BN, BK/16] int64
+    p = dot16(w, X0, X1, X2, X3, X4, X5, X6, X7, ASM)                                       # Σ code·2^-14·x·s per block
+    sc = tl.load(sp + (k0 // 16 + bs)[None, None, :], mask=msk, other=0.0).to(tl.float32)
+    return p * (sc * inv)                                                                   # the block scale, and 1/s
+
+@triton.jit
 def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
                    KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
-                   WORDS:tl.constexpr):
+                   WORDS:tl.constexpr, HALF2:tl.constexpr=False, ASM:tl.constexpr=True):
     "One (row block, token): h_j = silu(G[e_j] x) ⊙ (U[e_j] x) for BLOCK_N features of all the token's k experts."
     pid_n, m = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)
@@ -148,7 +257,16 @@ def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
     sg = s_ptr + e[:, None, None] * stride_se + rows[None, :, None] * stride_sn
     wu, su = wg + I * stride_wn, sg + I * stride_sn
     xm = x_ptr + m * stride_xm
-    if WORDS:                                 # per-block sums accumulate in place; one reduction after the loop
+    if HALF2:                                 # packed fp16 FMAs on 64-bit reads; fp32 per block, as the word decode
+        acc_g3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+        acc_u3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            kb = k0 + 16 * tl.arange(0, BLOCK_K // 16)                                      # [BK/16]: input 16b of block b
+            X0, X1, X2, X3, X4, X5, X6, X7, inv = act_pairs((xm + kb)[None, None, :], (kb < K)[None, None, :], ASM)
+            acc_g3 += tile_dot_half2(wg, sg, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0, KP, BLOCK_N, BLOCK_K, ASM)
+            acc_u3 += tile_dot_half2(wu, su, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0, KP, BLOCK_N, BLOCK_K, ASM)
+        acc_g, acc_u = tl.sum(acc_g3, axis=2), tl.sum(acc_u3, axis=2)                       # [KP, BN]
+    elif WORDS:                               # per-block sums accumulate in place; one reduction after the loop
         acc_g3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
         acc_u3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
@@ -183,7 +301,7 @@ def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
 def moe_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, H, topk,
                 stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_om,
                 KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
-                WORDS:tl.constexpr):
+                WORDS:tl.constexpr, HALF2:tl.constexpr=False, ASM:tl.constexpr=True):
     "One (row block, token): out = Σ_j w_j · D[e_j] h_j for BLOCK_N outputs, the k experts in one tile (no atomics)."
     pid_n, m = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)
@@ -197,7 +315,14 @@ def moe_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, H, t
     sp = s_ptr + e[:, None, None] * stride_se + rows[None, :, None] * stride_sn
     hp = h_ptr + pairs[:, None] * stride_hm                                                 # [KP, 1]
     hm = jm[:, None]
-    if WORDS:
+    if HALF2:
+        acc3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
+        for k0 in tl.range(0, I, BLOCK_K, num_stages=NUM_STAGES):
+            hb = (hp + (k0 + 16 * tl.arange(0, BLOCK_K // 16))[None, :])[:, None, :]        # [KP, 1, BK/16]
+            X0, X1, X2, X3, X4, X5, X6, X7, inv = act_pairs(hb, hm[:, :, None], ASM)       # a scale per (expert, block)
+            acc3 += tile_dot_half2(wp, sp, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0, KP, BLOCK_N, BLOCK_K, ASM)
+        acc = tl.sum(acc3, axis=2)
+    elif WORDS:
         acc3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
         for k0 in tl.range(0, I, BLOCK_K, num_stages=NUM_STAGES):
             hw = hp + (k0 + 8 * tl.arange(0, BLOCK_K // 8))[None, :]                        # [KP, BK/8]
@@ -241,27 +366,38 @@ class Tile:
     num_warps:int = 4
     num_stages:int = 3
     words:bool = False            # True: the codes read and decoded as 32-bit words (`tile_dot_words`); False: as bytes
+    half2:bool = False            # True: 64-bit reads, packed fp16 FMAs (`tile_dot_half2`); `words` is then ignored
     def __post_init__(self):
         if not _pow2(self.block_n): raise ValueError(f"block_n must be a power of two, got {self.block_n}")
         block_k_for(16, self.block_k)                                          # validates block_k
         if not _pow2(self.num_warps): raise ValueError(f"num_warps must be a power of two, got {self.num_warps}")
         if self.num_stages < 1: raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
 
-# (max tokens, gate_up tile, down tile): the fastest of benchmarks/moe_decode_h200.py's sweep on one H200 at the real
-# per-rank shapes, L2-cold (benchmarks/results/moe_decode_h200.json, 2026-11-30); past the last row, the last row's
-# rows (benchmarks/results/moe_decode_h200_words.json, moe_decode_h200_words_2_4.json, 2026-11-30): the word decode won
-# at every token count (bytes: moe_decode_h200.json)
-TILES = ((1, Tile(1, 1024, num_stages=2, words=True), Tile(16, 128, words=True)),
-         (4, Tile(1, 512, num_warps=2, words=True), Tile(16, 128, words=True)),
-         (8, Tile(1, 512, num_warps=2, words=True), Tile(32, 128, words=True)))
+    @property
+    def read(self)->str: return "half2" if self.half2 else "words" if self.words else "bytes"
 
-def codes_for(t:NVFP4Experts, name:str, words:bool)->torch.Tensor:
-    "The codes as the kernel reads them: the uint8 `[E, N, K/2]` tensor, or (`words`) the same bytes as int32 `[E, N, K/8]`."
-    if not words: return t.packed
-    try: return t.packed.view(torch.int32)                                      # [E, N, K/2] -> [E, N, K/8], no copy
+# (max tokens, gate_up tile, down tile): the fastest of benchmarks/moe_decode_h200.py's sweep on one H200 at the real
+# per-rank shapes, L2-cold; past the last row, the last row's tiles. Word decode: moe_decode_h200_words.json and
+# _words_2_4.json (it beat the byte decode at every token count, moe_decode_h200.json). Half2 decode for gate/up from
+# 2 tokens: moe_decode_h200_half2.json (2 / 4 / 8 tokens: 22.8 / 40.1 / 70.1 µs against the word decode's 25.9 / 47.3
+# / 87.5 in the same run); at one token and for down the word decode stayed faster (_half2.json, _half2_t1.json).
+TILES = ((1, Tile(1, 1024, num_stages=2, words=True), Tile(16, 128, words=True)),
+         (4, Tile(1, 1024, num_warps=2, num_stages=2, half2=True), Tile(16, 128, words=True)),
+         (8, Tile(1, 1024, num_warps=2, num_stages=2, half2=True), Tile(32, 128, words=True)))
+
+READS = {"bytes": torch.uint8, "words": torch.int32, "half2": torch.int64}   # how each decode reads the codes
+
+def codes_for(t:NVFP4Experts, name:str, read:str)->torch.Tensor:
+    "The codes as the kernel reads them (`Tile.read`): uint8 `[E, N, K/2]`, int32 `[E, N, K/8]` or int64 `[E, N, K/16]`."
+    if read not in READS: raise ValueError(f"{name}: read must be one of {list(READS)}, got {read!r}")
+    if read == "bytes": return t.packed
+    try: return t.packed.view(READS[read])                                      # the same bytes, no copy
     except RuntimeError as e:
-        raise ValueError(f"{name}: the word decode reads the codes as int32, which needs 4-byte aligned rows "
-                         f"(packed {list(t.packed.shape)}, strides {t.packed.stride()}): {e}") from None
+        size = READS[read].itemsize
+        raise ValueError(f"{name}: the {read} decode reads the codes as {size * 8}-bit words, which needs {size}-byte "
+                         f"aligned rows (packed {list(t.packed.shape)}, strides {t.packed.stride()}): {e}") from None
+
+def interpreting()->bool: return os.environ.get("TRITON_INTERPRET") == "1"   # no inline PTX there: `dot16` emulates it
 
 def tiles_for(M:int)->tuple:
     "The (gate_up, down) tiles for `M` tokens."
@@ -291,7 +427,7 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         raise ValueError(f"out must be [{M}, {H}] with unit column stride, got {list(out.shape)} strides {out.stride()}")
     for name, t in (("w13", w13), ("w2", w2)):
         if t.packed.stride(2) != 1 or t.scale.stride(2) != 1: raise ValueError(f"{name}: packed and scale need unit inner stride")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if not x.is_cuda and not interpreting():
         raise RuntimeError("moe_decode_triton on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before Triton is first imported (the tests run it in a subprocess)")
     x = x.contiguous()
@@ -303,17 +439,18 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     cdiv = lambda a, b: -(-a // b)
     g, d = tiles_for(M)
     g, d = gate_up or g, down or d
-    c13, c2 = codes_for(w13, "w13", g.words), codes_for(w2, "w2", d.words)
+    c13, c2 = codes_for(w13, "w13", g.read), codes_for(w2, "w2", d.read)
+    asm = not interpreting()
     moe_gate_up_kernel[(cdiv(I, g.block_n), M)](
         x, ids, c13, w13.scale, w13.global_scale.contiguous(), h, K, I, k,
         x.stride(0), c13.stride(0), c13.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
         KP=KP, BLOCK_N=g.block_n, BLOCK_K=block_k_for(K, g.block_k), NUM_STAGES=g.num_stages, WORDS=g.words,
-        num_warps=g.num_warps)
+        HALF2=g.half2, ASM=asm, num_warps=g.num_warps)
     moe_down_kernel[(cdiv(H, d.block_n), M)](
         h, ids, wts, c2, w2.scale, w2.global_scale.contiguous(), out, I, H, k,
         h.stride(0), c2.stride(0), c2.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
         KP=KP, BLOCK_N=d.block_n, BLOCK_K=block_k_for(I, d.block_k), NUM_STAGES=d.num_stages, WORDS=d.words,
-        num_warps=d.num_warps)
+        HALF2=d.half2, ASM=asm, num_warps=d.num_warps)
     return out
 
 
@@ -327,21 +464,66 @@ CHECK_CASES = (   # (E, K, I, H, M, k, block_n, block_k)
     (12, 64, 16, 16, 1, 8, 2, 512),     # BLOCK_K larger than K: the largest power of two dividing K is used
 )
 
-def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:bool=False, words:bool=False)->list:
-    "Relative RMS of `moe_decode_triton` (byte or `words` decode) against `moe_decode_torch` per case (`swap_nibbles`: a broken layout)."
+def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:bool=False, read:str="bytes")->list:
+    """Relative RMS of `moe_decode_triton` (the `read` decode: bytes, words or half2) against `moe_decode_torch` per case
+    (`swap_nibbles`: a broken layout). `bf16_h_rel_rms`: the plain version's own error when `h` is rounded to bf16."""
     out = []
     for i, (E, K, I, H, M, k, bn, bk) in enumerate(cases):
         g = torch.Generator().manual_seed(seed + i)
         w13, w2 = quantized_experts(E, K, I, H, g)
-        x = torch.randn(M, K, generator=g, dtype=torch.float32).to(torch.bfloat16)
+        x = torch.randn(M, K, generator=g, dtype=torch.float32)
+        x[:, :16] *= 300.0                                      # blocks of very different size: one large, one all zero
+        x[:, 16:32] = 0.0
+        x = x.to(torch.bfloat16)
         ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)])   # distinct per token, as top-k gives
         wts = torch.rand(M, k, generator=g, dtype=torch.float32)
         ref = moe_decode_torch(x, ids, wts, w13, w2)
+        ref16 = moe_decode_torch(x, ids, wts, w13, w2, h_dtype=torch.bfloat16)
         if swap_nibbles:
             sw = lambda t: NVFP4Experts((t.packed >> 4) | (t.packed << 4), t.scale, t.global_scale)
             w13, w2 = sw(w13), sw(w2)
         to = lambda t: NVFP4Experts(t.packed.to(device), t.scale.to(device), t.global_scale.to(device))
-        t = Tile(bn, bk, num_stages=1 + i % 3, words=words)
+        t = Tile(bn, bk, num_stages=1 + i % 3, words=read == "words", half2=read == "half2")
         got = moe_decode_triton(x.to(device), ids.to(device), wts.to(device), to(w13), to(w2), gate_up=t, down=t)
-        out.append({"case": [E, K, I, H, M, k, bn, bk], "words": words, "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
+        out.append({"case": [E, K, I, H, M, k, bn, bk], "read": read, "rel_rms": nvfp4.relative_rms(got.cpu(), ref),
+                    "bf16_h_rel_rms": nvfp4.relative_rms(ref16, ref)})
     return out
+
+# %% ../../nbs/08f_vllm_moe_decode.ipynb #c3d4e5f6
+def sass_loop(kernel:str="gate_up", tile:Tile=Tile(1, 1024, num_stages=2, words=True), topk:int=8, arch:int=90)->dict:
+    """Compile `moe_{kernel}_kernel` for `sm_{arch}` without a GPU and count the SASS of its K loop: instructions, the
+    bytes of codes one thread reads per iteration, the ratio, and the instruction mix (`ops`)."""
+    import collections, re, subprocess, tempfile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    if kernel not in ("gate_up", "down"): raise ValueError(f"kernel must be 'gate_up' or 'down', got {kernel!r}")
+    codes = {"bytes": "*u8", "words": "*i32", "half2": "*i64"}[tile.read]
+    common = dict(ids_ptr="*i32", w_ptr=codes, s_ptr="*fp8e4nv", g_ptr="*fp32")
+    if kernel == "gate_up":
+        fn, sig = moe_gate_up_kernel, dict(x_ptr="*bf16", **common, h_ptr="*fp32", K="i32", I="i32", topk="i32",
+                   stride_xm="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_hm="i32")
+    else:
+        fn, sig = moe_down_kernel, dict(h_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32", w_ptr=codes, s_ptr="*fp8e4nv",
+                   g_ptr="*fp32", o_ptr="*bf16", I="i32", H="i32", topk="i32", stride_hm="i32", stride_we="i32",
+                   stride_wn="i32", stride_se="i32", stride_sn="i32", stride_om="i32")
+    KP = triton.next_power_of_2(topk)
+    consts = dict(KP=KP, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, NUM_STAGES=tile.num_stages, WORDS=tile.words,
+                  HALF2=tile.half2, ASM=True)
+    sig.update({k: "constexpr" for k in consts})
+    c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f: f.write(c.asm["cubin"])
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = [[t for a, t in ins if int(m[1], 16) <= a <= pc] for pc, t in ins
+             for m in [re.search(r"BRA\b.*?(0x[0-9a-f]+)", t)] if m and int(m[1], 16) < pc]
+    if not loops: raise RuntimeError(f"no loop found in the SASS of moe_{kernel}_kernel at {tile}")
+    body = max(loops, key=len)
+    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t.strip()).split()[0] for t in body)
+    rows = KP * tile.block_n * (2 if kernel == "gate_up" else 1)            # gate and up rows are read in one loop
+    per_thread = rows * tile.block_k // 2 / (32 * tile.num_warps)          # code bytes per thread per iteration
+    return {"kernel": kernel, "tile": tile, "arch": arch, "instructions": len(body), "bytes_per_thread": per_thread,
+            "per_byte": round(len(body) / per_thread, 2), "ops": dict(ops.most_common())}
