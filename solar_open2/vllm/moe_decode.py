@@ -205,30 +205,28 @@ def dot16(w, X0, X1, X2, X3, X4, X5, X6, X7, ASM:tl.constexpr):
         return tl.inline_asm_elementwise(DOT16_PTX, "=f,l,r,r,r,r,r,r,r,r", [w, X0, X1, X2, X3, X4, X5, X6, X7],
                                          dtype=tl.float32, is_pure=True, pack=1)
     else:                                     # the interpreter: the same patterns and fp16 lanes, multiply then add
-        w0 = w.to(tl.uint32)
-        w1 = (w >> 32).to(tl.uint32)
+        w0, w1 = w.to(tl.uint32), (w >> 32).to(tl.uint32)                   # codes 0-7, 8-15
         lo, hi = quad16(w0, 0)
-        al, ah = lo * _h(X3, 0), hi * _h(X3, 1)
-        lo, hi = quad16(w0, 1)
-        al, ah = al + lo * _h(X2, 0), ah + hi * _h(X2, 1)
-        lo, hi = quad16(w0, 2)
-        al, ah = al + lo * _h(X1, 0), ah + hi * _h(X1, 1)
-        lo, hi = quad16(w0, 3)
-        al, ah = al + lo * _h(X0, 0), ah + hi * _h(X0, 1)
-        lo, hi = quad16(w1, 0)
-        al, ah = al + lo * _h(X7, 0), ah + hi * _h(X7, 1)
-        lo, hi = quad16(w1, 1)
-        al, ah = al + lo * _h(X6, 0), ah + hi * _h(X6, 1)
-        lo, hi = quad16(w1, 2)
-        al, ah = al + lo * _h(X5, 0), ah + hi * _h(X5, 1)
-        lo, hi = quad16(w1, 3)
-        al, ah = al + lo * _h(X4, 0), ah + hi * _h(X4, 1)
+        al, ah = lo * _h(X3, 0), hi * _h(X3, 1)                             # (code 3, code 7) · (x3, x7)
+        al, ah = _lanes(al, ah, w0, 1, X2)
+        al, ah = _lanes(al, ah, w0, 2, X1)
+        al, ah = _lanes(al, ah, w0, 3, X0)
+        al, ah = _lanes(al, ah, w1, 0, X7)
+        al, ah = _lanes(al, ah, w1, 1, X6)
+        al, ah = _lanes(al, ah, w1, 2, X5)
+        al, ah = _lanes(al, ah, w1, 3, X4)
         return al.to(tl.float32) + ah.to(tl.float32)
 
 @triton.jit
 def _h(X, HI:tl.constexpr):
     "One fp16 half of packed uint32 pairs."
     return (X >> (16 * HI)).to(tl.uint16).to(tl.float16, bitcast=True)
+
+@triton.jit
+def _lanes(al, ah, w, S:tl.constexpr, X):
+    "One `fma.rn.f16x2` of `dot16`, emulated: the lanes plus (code 3-S, code 7-S) of `w` times the pair `X`."
+    lo, hi = quad16(w, S)
+    return al + lo * _h(X, 0), ah + hi * _h(X, 1)
 
 @triton.jit
 def tile_dot_half2(wp, sp, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0,
