@@ -30,7 +30,9 @@ compute ceiling (989 TFLOP/s dense BF16).
 From the engine log (captured at the file-descriptor level, so the engine-core and worker processes are included):
 the KV pool vLLM reports ("GPU KV cache size: N tokens", "Maximum concurrency ...") against the budget's
 prediction, the NvFp4 MoE backend vLLM selected, the attention backend, hybrid block size, model-loading memory,
-init / compile / graph-capture times. Peak memory per GPU from `nvidia-smi` sampled every 0.5 s.
+init / compile / graph-capture times. Peak memory per GPU from `nvidia-smi`, sampled every 0.5 s through the engine
+start and warm-up, plus one sample at the end. The sampler is stopped before the measurements: it stalled one
+decode window by 317 ms.
 
 Outputs: `benchmarks/results/perf_h200_<phase>.json` and, when `$OUT` is set, `$OUT/perf_h200_<phase>.json` plus
 the engine log `$OUT/perf_h200_<phase>.log` (the tiny dry run writes `perf_h200_tiny_*`; `--variant V` appends `_V`).
