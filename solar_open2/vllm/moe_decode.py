@@ -16,7 +16,7 @@ from .. import nvfp4
 
 # %% auto #0
 __all__ = ['DOT16_PTX', 'TILES', 'READS', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch',
-           'nibbles', 'quad', 'tile_dot', 'tile_dot_words', 'quad16', 'f16x2', 'block_scale', 'act_pairs', 'dot16',
+           'nibbles', 'quad16', 'quad', 'tile_dot', 'tile_dot_words', 'f16x2', 'block_scale', 'act_pairs', 'dot16',
            'tile_dot_half2', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'codes_for',
            'interpreting', 'tiles_for', 'moe_decode_triton', 'self_check', 'sass_loop']
 
@@ -95,12 +95,17 @@ def nibbles(byt):
             hi.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32))
 
 @triton.jit
-def quad(w, S:tl.constexpr):
-    "uint32 words of 8 codes -> (code 3-S, code 7-S) as E2M1 values times 2^-14, fp32: two fp16 patterns at once."
+def quad16(w, S:tl.constexpr):
+    "uint32 words of 8 codes -> (code 3-S, code 7-S) as fp16 values, E2M1 times 2^-14: two fp16 patterns at once."
     q = w << (4 * S)                                           # code 3-S -> bits 15..12, code 7-S -> bits 31..28
     o = (q & 0x80008000) | ((q & 0x70007000) >> 3)            # per half: sign stays at 15, magnitude 14..12 -> 11..9
-    return (o.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32),
-            (o >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32))
+    return o.to(tl.uint16).to(tl.float16, bitcast=True), (o >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+
+@triton.jit
+def quad(w, S:tl.constexpr):
+    "uint32 words of 8 codes -> (code 3-S, code 7-S) as E2M1 values times 2^-14, fp32: two fp16 patterns at once."
+    lo, hi = quad16(w, S)
+    return lo.to(tl.float32), hi.to(tl.float32)
 
 @triton.jit
 def tile_dot(wp, sp, msk, xe, xo, k0, KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr):
@@ -132,13 +137,6 @@ def tile_dot_words(wp, sp, msk, x0, x1, x2, x3, x4, x5, x6, x7, k0,
     sb = tl.arange(0, BLOCK_K // 16)
     sc = tl.load(sp + (k0 // 16 + sb)[None, None, :], mask=msk, other=0.0).to(tl.float32)
     return p * sc                                                                           # [KP, BN, BK/16]
-
-@triton.jit
-def quad16(w, S:tl.constexpr):
-    "`quad` before the conversion to fp32: (code 3-S, code 7-S) of uint32 words as fp16 values (E2M1 times 2^-14)."
-    q = w << (4 * S)
-    o = (q & 0x80008000) | ((q & 0x70007000) >> 3)
-    return o.to(tl.uint16).to(tl.float16, bitcast=True), (o >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
 
 @triton.jit
 def f16x2(lo, hi, ASM:tl.constexpr):
