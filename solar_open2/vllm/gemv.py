@@ -20,10 +20,10 @@ from . import GEMV_KERNEL, GEMV_PROBE, plugin_flag
 from .kda_gates import MAX_TOKENS, gemv_block
 
 # %% auto #0
-__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'PROBE_ROW', 'gemv_torch', 'gemv_fma_kernel',
-           'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv', 'GemvLinearMethod',
-           'GemvEmbeddingMethod', 'use_gemv_kernels', 'gemv_kernel_enabled', 'probe_table', 'use_probe_tables',
-           'gemv_probe_enabled']
+__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'GEMV_ARCHS', 'PROBE_ROW', 'gemv_torch',
+           'gemv_fma_kernel', 'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv',
+           'GemvLinearMethod', 'GemvEmbeddingMethod', 'measured_arch', 'use_gemv_kernels', 'gemv_kernel_enabled',
+           'probe_table', 'use_probe_tables', 'gemv_probe_enabled']
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00006
 def _check(x:torch.Tensor, w:torch.Tensor)->tuple:
@@ -192,8 +192,16 @@ def _gemv_method(m:torch.nn.Module)->tuple:
     if type(qm) is UnquantizedEmbeddingMethod and isinstance(m, ParallelLMHead): return key, GemvEmbeddingMethod
     return None, None
 
-def use_gemv_kernels(model:torch.nn.Module, table:dict|None=None)->list:
-    "Give every unquantized linear layer and LM head of `model` whose weight shape `table` names the GEMV method; their names."
+GEMV_ARCHS = ((9, 0),)       # the compute capabilities GEMV_TILES was measured on (H200); GB10 (12, 1) is not one yet
+
+def measured_arch()->bool:
+    "Whether this process's GPU is one `GEMV_TILES` was measured on (True without CUDA: on the CPU the op falls back anyway)."
+    return not torch.cuda.is_available() or tuple(torch.cuda.get_device_capability()) in GEMV_ARCHS
+
+def use_gemv_kernels(model:torch.nn.Module, table:dict|None=None, any_arch:bool=False)->list:
+    """Give every unquantized linear layer and LM head of `model` whose weight shape `table` names the GEMV method; their
+    names. With the measured table (`table=None`) only on a GPU it was measured on (`GEMV_ARCHS`), unless `any_arch`."""
+    if table is None and not any_arch and not measured_arch(): return []
     table = GEMV_TILES if table is None else table
     swapped = []
     for name, m in model.named_modules():
@@ -219,7 +227,7 @@ def use_probe_tables(model:torch.nn.Module)->list:
     shapes it lacks, then swap the methods. For `scripts/gpu_parity.py` on the tiny checkpoint, whose shapes the measured
     table does not name; never for speed."""
     for k, v in probe_table(model).items(): GEMV_TILES.setdefault(k, v)
-    return use_gemv_kernels(model)
+    return use_gemv_kernels(model, any_arch=True)
 
 def gemv_probe_enabled(vllm_config)->bool:
     "Whether `solar_open2_gemv_probe` is set (default off; it needs `solar_open2_gemv_kernel` too)."
