@@ -384,7 +384,7 @@ TILES = ((1, Tile(1, 1024, num_stages=2, words=True), Tile(16, 128, words=True))
 READS = {"bytes": torch.uint8, "words": torch.int32, "half2": torch.int64}   # how each decode reads the codes
 
 def codes_for(t:NVFP4Experts, name:str, read:str)->torch.Tensor:
-    "The codes as the kernel reads them (`Tile.read`): uint8 `[E, N, K/2]`, int32 `[E, N, K/8]` or int64 `[E, N, K/16]`."
+    "The codes as the kernel reads them (a tile's `read`): uint8 `[E, N, K/2]`, int32 `[E, N, K/8]` or int64 `[E, N, K/16]`."
     if read not in READS: raise ValueError(f"{name}: read must be one of {list(READS)}, got {read!r}")
     if read == "bytes": return t.packed
     try: return t.packed.view(READS[read])                                      # the same bytes, no copy
