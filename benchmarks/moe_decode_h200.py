@@ -158,7 +158,7 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
     ref = md.moe_decode_torch(x, ids, wts, w13, w2)
     ref16 = md.moe_decode_torch(x, ids, wts, w13, w2, h_dtype=torch.bfloat16)
     for rd in READS:
-        kw = dict(words=rd == "words", half2=rd == "half2")
+        kw = md.read_flags(rd)
         got = md.moe_decode_triton(x, ids, wts, w13, w2, gate_up=md.Tile(1, 1024, **kw), down=md.Tile(16, 128, **kw))
         res["checks"].append({"kind": "real shapes, 1 token", "case": [E, K, I, H, 1, k], "read": rd,
                               "rel_rms": nvfp4.relative_rms(got, ref), "bf16_h_rel_rms": nvfp4.relative_rms(ref16, ref)})

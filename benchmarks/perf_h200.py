@@ -636,13 +636,14 @@ def gpu_info()->dict:
     return {"name": gpus[0]["name"] if gpus else None, "count": len(gpus), "gpus": gpus,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-def stop_smi(p, path:Path|None=None)->bool:
-    """Stop the sampler `p` (from `smi_monitor`) now, then append one last sample to `path` (the memory at the end).
-    The sampler stalls the GPU work now and then: on 2026-11-30 one nvidia-smi query cost a decode window a single
-    317 ms gap (chapter 09), so the measurements run without it. Returns whether a sampler was running."""
+def stop_smi(p)->bool:
+    """Stop the sampler `p` (from `smi_monitor`; None: there is none). The sampler stalls the GPU work now and then:
+    on 2026-11-30 one nvidia-smi query cost a decode window a single 317 ms gap (chapter 09), so the measurements run
+    without it. Returns whether a sampler was running."""
     if p is None or p.poll() is not None: return False
     p.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired): p.wait(timeout=10)
+    try: p.wait(timeout=10)
+    except subprocess.TimeoutExpired: p.kill(); p.wait()
     return True
 
 def smi_snapshot(path:Path)->None:
@@ -660,9 +661,7 @@ def smi_monitor(path:Path, interval_ms:int=500):
     p = subprocess.Popen(SMI_QUERY + ["-lms", str(interval_ms)], stdout=f, stderr=subprocess.DEVNULL)
     try: yield p
     finally:
-        p.terminate()
-        try: p.wait(timeout=10)
-        except subprocess.TimeoutExpired: p.kill()
+        stop_smi(p)
         f.close()
 
 # --------------------------------------------------------------------------------------------------------------
@@ -896,7 +895,8 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
         res["figures"][f"decode_bs1_ctx{ctx}"] = with_roofline(
             {"kind": "decode", "context": ctx, "batch": 1, "tokens": st["tokens"], "itl_median_ms": st.get("itl_median_ms"),
              "decode_tok_s": st["decode_tok_s"]}, roof, "decode_tok_s", "per_seq_tok_s", "decode-bandwidth")
-        res["figure_details"][f"decode_bs1_ctx{ctx}"] = st
+        smi = getattr(a, "_smi", None)
+        res["figure_details"][f"decode_bs1_ctx{ctx}"] = {**st, "smi_running": smi is not None and smi.poll() is None}
 
     def decode_nosmi(ctx):             # the A/B for host-side stalls: stop the nvidia-smi sampler, measure the same again
         stopped = stop_smi(getattr(a, "_smi", None))

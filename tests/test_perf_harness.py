@@ -827,3 +827,19 @@ def test_stop_smi_stops_the_sampler_once(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
     assert (a.smi_during_measure, a.smi_ab, a.smi_interval_ms) == (False, False, 500)
     assert ph.settings(ph.parse_args(["--phase", "graphs", "--smi-ab"]), "graphs")["smi_ab"] is True
+
+def test_the_sampler_stops_before_the_measurements(tmp_path, isolated_env):
+    "A stand-in nvidia-smi that keeps running in loop mode: stopped after the warm-up by default, after decode with --smi-ab."
+    isolated_env.setattr(ph.shutil, "which", lambda name: "/usr/bin/" + name)
+    isolated_env.setattr(ph, "SMI_QUERY", [sys.executable, "-c", "import sys, time; print('0, 1000, 143771', flush=True); "
+                                           "time.sleep(600 if '-lms' in sys.argv else 0)"])
+    rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "decode"])
+    assert rc == 0 and r["smi_stopped_after_warmup"] is True, r.get("traceback")
+    assert r["memory"]["samples"] == {"0": 2} and "warm-up, plus one sample at the end" in r["memory"]["source"]
+    assert r["figure_details"]["decode_bs1_ctx2048"]["smi_running"] is False           # measured without the sampler
+    rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "decode", "--smi-ab", "--variant", "ab"], "perf_h200_graphs_ab")
+    assert rc == 0 and "smi_stopped_after_warmup" not in r and "whole phase" in r["memory"]["source"]
+    assert r["figure_details"]["decode_bs1_ctx2048"]["smi_running"] is True            # the A/B's first half: with it
+    d = r["figure_details"]["decode_bs1_ctx2048_nosmi"]
+    assert d["smi_stopped"] is True and d["decode_tok_s"] > 0
+    assert [t["what"] for t in r["timeline"][1:]] == ["warmup", "decode_bs1_ctx2048", "decode_bs1_ctx2048_nosmi"]

@@ -29,12 +29,12 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
-logger = init_logger(__name__)
-
 from ..config import SolarOpen2Config, LINEAR
 from .config import refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, fuse_kda_proj, kda_fused_target, kda_state_copy_func, kda_state_dtype,
                                   kda_state_shape, load_kda_tensor)
+
+logger = init_logger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'SolarOpen2Attention', 'SolarOpen2MLP', 'SolarOpen2MoE', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',

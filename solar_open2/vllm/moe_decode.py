@@ -17,7 +17,7 @@ from .. import nvfp4
 # %% auto #0
 __all__ = ['DOT16_PTX', 'TILES', 'READS', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch',
            'nibbles', 'quad16', 'quad', 'tile_dot', 'tile_dot_words', 'f16x2', 'block_scale', 'act_pairs', 'dot16',
-           'tile_dot_half2', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'codes_for',
+           'tile_dot_half2', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'read_flags', 'codes_for',
            'interpreting', 'tiles_for', 'moe_decode_triton', 'self_check', 'sass_loop']
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #11bf17d0
@@ -383,6 +383,11 @@ TILES = ((1, Tile(1, 1024, num_stages=2, words=True), Tile(16, 128, words=True))
 
 READS = {"bytes": torch.uint8, "words": torch.int32, "half2": torch.int64}   # how each decode reads the codes
 
+def read_flags(read:str)->dict:
+    "The `Tile` flags that select a decode, `Tile(16, 128, **read_flags('half2'))`: the inverse of its `read`."
+    if read not in READS: raise ValueError(f"read must be one of {list(READS)}, got {read!r}")
+    return {"words": read == "words", "half2": read == "half2"}
+
 def codes_for(t:NVFP4Experts, name:str, read:str)->torch.Tensor:
     "The codes as the kernel reads them (a tile's `read`): uint8 `[E, N, K/2]`, int32 `[E, N, K/8]` or int64 `[E, N, K/16]`."
     if read not in READS: raise ValueError(f"{name}: read must be one of {list(READS)}, got {read!r}")
@@ -479,7 +484,7 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:boo
             sw = lambda t: NVFP4Experts((t.packed >> 4) | (t.packed << 4), t.scale, t.global_scale)
             w13, w2 = sw(w13), sw(w2)
         to = lambda t: NVFP4Experts(t.packed.to(device), t.scale.to(device), t.global_scale.to(device))
-        t = Tile(bn, bk, num_stages=1 + i % 3, words=read == "words", half2=read == "half2")
+        t = Tile(bn, bk, num_stages=1 + i % 3, **read_flags(read))
         got = moe_decode_triton(x.to(device), ids.to(device), wts.to(device), to(w13), to(w2), gate_up=t, down=t)
         out.append({"case": [E, K, I, H, M, k, bn, bk], "read": read, "rel_rms": nvfp4.relative_rms(got.cpu(), ref),
                     "bf16_h_rel_rms": nvfp4.relative_rms(ref16, ref)})
