@@ -18,6 +18,7 @@ from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
 from .moe_experts import use_triton_experts
+from .moe_router import RouterGate, SolarMoERouter, router_kernel_enabled
 from .gemv import gemv_kernel_enabled, gemv_probe_enabled, use_gemv_kernels, use_probe_tables
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
@@ -92,9 +93,18 @@ class SolarOpen2MoE(nn.Module):
         qc = vllm_config.quant_config
         self.gate = ReplicatedLinear(H, E, bias=False, quant_config=None, params_dtype=torch.float32, prefix=f"{prefix}.gate")
         self.gate.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=torch.float32), requires_grad=False)
+        self.gate.register_buffer("route_counter", torch.zeros(1, dtype=torch.int32), persistent=False)   # 08k's kernel
+        router = None
+        if router_kernel_enabled(vllm_config):                               # decode batches routed in one kernel (08k)
+            router = SolarMoERouter(self.gate, top_k=config.num_experts_per_tok, global_num_experts=E,
+                                    num_expert_group=config.n_group, topk_group=config.topk_group,
+                                    renormalize=config.norm_topk_prob, scoring_func="sigmoid",
+                                    routed_scaling_factor=1.0,                # the runner scales the routed output
+                                    e_score_correction_bias=self.gate.e_score_correction_bias)
         self.shared_experts = SolarOpen2MLP(H, config.moe_intermediate_size * config.n_shared_experts, qc,
                                             reduce_results=False, prefix=f"{prefix}.shared_experts")
-        self.experts = FusedMoE(shared_experts=self.shared_experts, num_experts=E, top_k=config.num_experts_per_tok,
+        self.experts = FusedMoE(shared_experts=self.shared_experts, router=router,
+                                gate=None if router is None else RouterGate(self.gate, router), num_experts=E, top_k=config.num_experts_per_tok,
                                 hidden_size=H, intermediate_size=config.moe_intermediate_size,
                                 renormalize=config.norm_topk_prob, quant_config=qc, use_grouped_topk=True,
                                 num_expert_group=config.n_group, topk_group=config.topk_group, prefix=f"{prefix}.experts",
@@ -102,8 +112,11 @@ class SolarOpen2MoE(nn.Module):
                                 routed_scaling_factor=config.routed_scaling_factor, apply_routed_scale_to_output=True,
                                 router_logits_dtype=torch.float32)
         use_triton_experts(self.experts)      # moe_backend="emulation": our NVFP4 experts on the raw layout (08f)
+        if router is not None: self.experts.gate.runner = self.experts
 
     def forward(self, hidden_states:torch.Tensor)->torch.Tensor: # [T, hidden] -> [T, hidden]
+        if self.experts.is_internal_router:                                   # 08k: the runner routes (gate, then router)
+            return self.experts(hidden_states=hidden_states, router_logits=hidden_states)
         logits, _ = self.gate(hidden_states.float())                          # [T, E] fp32
         return self.experts(hidden_states=hidden_states, router_logits=logits)
 

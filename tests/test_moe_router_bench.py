@@ -1,0 +1,54 @@
+"The MoE routing benchmark (benchmarks/moe_router_h200.py): its logic on the CPU, its GPU run when there is one."
+import json, subprocess, sys
+from pathlib import Path
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "moe_router_h200.py"
+
+def test_no_gpu_exits_2_and_bad_flags_name_themselves():
+    if torch.cuda.is_available(): pytest.skip("has a GPU")
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "no CUDA device" in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), "--tiles", "4y"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--tiles" in r.stderr
+
+def test_real_shapes():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import moe_router_h200 as m
+    from solar_open2.config import SolarOpen2Config
+    assert m.real_shapes(SolarOpen2Config.real()) == dict(E=320, K=4096, top_k=8)
+
+def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
+    "The whole script path (checks against the definition and vLLM's CPU path, timings, JSON) at small shapes, a fake timer."
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import moe_router_h200 as m
+n = [0]
+def timer(fns, reps):
+    for f in fns: f()
+    n[0] += 1
+    return {{1: 9.0, 2: 6.0, 0: 4.0}}[n[0] % 3]             # per token count: vllm 9, then the two tiles (the 2nd faster)
+res = m.run(tokens=(1, 3), tiles=((4, 64, 4, 1), (8, 32, 2, 1)), reps=1, out_paths=[{str(tmp_path / 'r.json')!r}],
+            device="cpu", shapes=dict(E=40, K=96, top_k=4), timer=timer, deadline_s=600, l2_bytes=40000)
+print(json.dumps(n[0]))
+"""
+    out = interpreted(code)
+    assert json.loads(out.strip().splitlines()[-1]) == 6                  # 3 timings per token count
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["checks_pass"] and res["counters_zero"]
+    for c in res["checks"]:
+        assert c["ids_equal_torch"] and c["ids_equal_vllm"] and c["max_dw_vllm"] < 1e-6, c   # vLLM's torch path on the CPU
+    assert [t["kernel"] for t in res["timings"]] == ["vllm", "kernel", "kernel"] * 2
+    b = res["best"]["3"]
+    assert b["kernel"]["tile"] == [8, 32, 2, 1] and b["speedup"] == round(9.0 / 4.0, 3)
+    assert b["vllm"]["copies"] == 3 and b["vllm"]["bytes"] == 4 * 40 * 96  # 40000 B / 15360 B per call, rounded up
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_kernel_matches_and_times(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import moe_router_h200 as m
+    res = m.run(tokens=(1,), reps=20, out_paths=[tmp_path / "r.json"])
+    assert res["checks_pass"] and res["counters_zero"] and res["best"]["1"]["kernel"]["us"] > 0
