@@ -9,16 +9,19 @@ import torch
 import triton                       # the kernel below; callers import this module, `solar_open2` never does
 import triton.language as tl
 
+from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopKRouter
 
 from ..nvfp4 import relative_rms
 from . import ROUTER_KERNEL, plugin_flag
 from .kda_gates import gemv_block
 
+logger = init_logger(__name__)
+
 # %% auto #0
-__all__ = ['MIN_KEY', 'ROUTE_MAX_TOKENS', 'ROUTE_TILES', 'ROUTE_CHECK_CASES', 'route_torch', 'moe_route_kernel', 'route_tile_for',
-           'interpreting', 'route_triton', 'self_check', 'tie_check', 'router_kernel_enabled', 'SolarMoERouter',
-           'RouterGate']
+__all__ = ['logger', 'MIN_KEY', 'ROUTE_MAX_TOKENS', 'ROUTE_TILES', 'ROUTE_CHECK_CASES', 'route_torch', 'moe_route_kernel',
+           'route_tile_for', 'interpreting', 'route_triton', 'self_check', 'tie_check', 'router_kernel_enabled',
+           'SolarMoERouter', 'RouterGate']
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #6665c0a2
 def _check(x:torch.Tensor, w:torch.Tensor, bias:torch.Tensor, top_k:int)->tuple:
@@ -182,6 +185,7 @@ class SolarMoERouter(GroupedTopKRouter):
 
     def _compute_routing(self, hidden_states, router_logits, indices_type, *, input_ids=None):
         if self.fused(hidden_states):
+            logger.info_once("solar_open2: MoE routing of decode batches through chapter 08k's kernel")
             return route_triton(hidden_states, self.gate.weight, self.e_score_correction_bias, self.top_k, self.renormalize,
                                 self.routed_scaling_factor, counter=self.gate.route_counter)
         return super()._compute_routing(hidden_states, router_logits, indices_type, input_ids=input_ids)
