@@ -53,26 +53,27 @@ def route_torch(x:torch.Tensor, # [T, K] hidden states (any float dtype)
 MIN_KEY = tl.constexpr(-(2 ** 63))
 
 @triton.jit
-def _route_token(logit_ptr, b_ptr, wts_ptr, ids_ptr, t, E, scale,
-                 TOP_K:tl.constexpr, RENORM:tl.constexpr, BLOCK_E:tl.constexpr):
-    "Token `t`: sigmoid scores, top-k of scores + bias (ties to the lower index), weights; stored in rank order."
-    e = tl.arange(0, BLOCK_E)
-    em = e < E
-    z = tl.load(logit_ptr + t * E + e, mask=em, other=0.0, volatile=True)     # [BE] fp32 logits, from L2
+def _route_tokens(logit_ptr, b_ptr, wts_ptr, ids_ptr, T, E, scale,
+                  TOP_K:tl.constexpr, RENORM:tl.constexpr, BLOCK_T:tl.constexpr, BLOCK_E:tl.constexpr):
+    "All tokens at once: sigmoid scores, top-k of scores + bias (ties to the lower index), weights; stored in rank order."
+    t = tl.arange(0, BLOCK_T)[:, None]                                        # [BT, 1]
+    e = tl.arange(0, BLOCK_E)[None, :]                                        # [1, BE]
+    live = (t < T) & (e < E)                                                  # [BT, BE]
+    z = tl.load(logit_ptr + t * E + e, mask=live, other=0.0, volatile=True)   # fp32 logits, from L2
     s = 1.0 / (1.0 + tl.exp(-z))                                              # scores
-    c = s + tl.load(b_ptr + e, mask=em, other=0.0)                            # selection scores
+    c = s + tl.load(b_ptr + e, mask=e < E, other=0.0)                         # selection scores
     bits = c.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                                  # int32, ordered as c
     key = (key.to(tl.int64) << 32) | (BLOCK_E - 1 - e).to(tl.int64)           # equal c: the lower e wins
-    key = tl.where(em, key, MIN_KEY)
-    rank = tl.full([BLOCK_E], -1, tl.int32)
+    key = tl.where(live, key, MIN_KEY)
+    rank = tl.full([BLOCK_T, BLOCK_E], -1, tl.int32)
     for j in tl.static_range(TOP_K):
-        best = key == tl.max(key, axis=0)                                     # exactly one expert: keys are distinct
+        best = key == tl.max(key, axis=1)[:, None]                            # one expert per live row: keys are distinct
         rank = tl.where(best, j, rank)
         key = tl.where(best, MIN_KEY, key)
-    chosen = rank >= 0
+    chosen = (rank >= 0) & live                                               # padding rows (all MIN_KEY) never stored
     w = tl.where(chosen, s, 0.0)
-    if RENORM: w = w / tl.sum(w, axis=0)
+    if RENORM: w = w / tl.sum(w, axis=1)[:, None]
     tl.store(wts_ptr + t * TOP_K + rank, w * scale, mask=chosen)
     tl.store(ids_ptr + t * TOP_K + rank, e, mask=chosen)
 
@@ -87,8 +88,7 @@ def moe_route_kernel(x_ptr, w_ptr, b_ptr, logit_ptr, count_ptr, wts_ptr, ids_ptr
     done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
     if done == tl.num_programs(0) - 1:                                        # the last program: all logits are visible
         tl.store(count_ptr, 0)                                                # ready for the next launch
-        for t in range(T):
-            _route_token(logit_ptr, b_ptr, wts_ptr, ids_ptr, t, E, scale, TOP_K, RENORM, BLOCK_E)
+        _route_tokens(logit_ptr, b_ptr, wts_ptr, ids_ptr, T, E, scale, TOP_K, RENORM, BLOCK_T, BLOCK_E)
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #8e39a86a
 ROUTE_MAX_TOKENS = 8         # the batches the layer routes with the kernel (the measured range); larger ones keep vLLM's
