@@ -75,6 +75,16 @@ def _register_config_hook(hook)->None:
         MODELS_CONFIG_MAP[ARCH] = hook
     except (ImportError, AttributeError) as e: log.warning("solar_open2: config hook not installed (%s)", e)
 
+def _share_vllm_logging()->None:
+    "The plugin's loggers (`solar_open2.*`) through vLLM's handlers at vLLM's level; vLLM configures only `vllm.*`."
+    import logging
+    ours, theirs = logging.getLogger("solar_open2"), logging.getLogger("vllm")
+    if not theirs.handlers: return                                            # VLLM_CONFIGURE_LOGGING=0: leave logging alone
+    for h in theirs.handlers:
+        if h not in ours.handlers: ours.addHandler(h)
+    ours.setLevel(theirs.level)
+    ours.propagate = False                                                    # once, not again through the root logger
+
 _warned_version = False
 
 def register()->None:
@@ -90,3 +100,4 @@ def register()->None:
     _register_splitting_op()
     _register_config_hook(SolarOpen2ConfigHook)
     _register_parsers()
+    _share_vllm_logging()
