@@ -27,13 +27,13 @@ import) the plugin module is loaded with its few vLLM names stubbed (`kernel_ben
 Output: `benchmarks/results/gemv_h200.json` (and `$OUT/` when set), written after every timing.
 """
 from __future__ import annotations
-import argparse, datetime, json, platform, sys, time
+import argparse, json, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import add_run_args, git_commit, int_list, plugin_module, tile_list, result_paths, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import add_run_args, int_list, json_writer, plugin_module, result_head, result_paths, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
@@ -76,16 +76,9 @@ def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:flo
     gm = plugin_module("gemv", no_op)                              # chapter 08i: the kernels the plugin runs
     t0 = time.perf_counter()
     shapes, timer = shapes or dense_shapes(SolarOpen2Config.real()), timer or time_graph
-    res = {"schema": 1, "benchmark": "gemv_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
-           "versions": {"torch": torch.__version__, "python": platform.python_version()}, "git_commit": git_commit(ROOT),
-           "tp": TP, "shapes": shapes, "tiles": [list(t) for t in tiles], "fma_tiles": [list(t) for t in fma_tiles], "bandwidth_Bps": budget.BANDWIDTH["h200"],
+    res = {**result_head("gemv_h200", device, ROOT), "tp": TP, "shapes": shapes, "tiles": [list(t) for t in tiles], "fma_tiles": [list(t) for t in fma_tiles], "bandwidth_Bps": budget.BANDWIDTH["h200"],
            "timings": [], "checks": [], "skipped": [], "step_us": {}}
-    def save():
-        for p in out_paths:
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-            Path(p).write_text(json.dumps(res, indent=1))
+    save = json_writer(res, out_paths)
     late = lambda: time.perf_counter() - t0 > deadline_s
     compiled = {}
     if "autotune" in methods:   # one lambda compiled per shape: Dynamo counts them as recompiles of one code object (limit 8)

@@ -21,13 +21,13 @@ runs again. Reported: microseconds per decode step of one layer, unfused (zeros,
 Output: `benchmarks/results/kda_decode_h200.json` (and `$OUT/` when set), written after every row.
 """
 from __future__ import annotations
-import argparse, datetime, json, platform, sys, time
+import argparse, json, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import add_run_args, git_commit, int_list, result_paths, time_graph   # noqa: E402
+from kernel_bench import add_run_args, int_list, json_writer, result_head, result_paths, time_graph   # noqa: E402
 from solar_open2.config import SolarOpen2Config                                        # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -110,7 +110,7 @@ def run(tokens=(1, 2, 4, 8), warps=(4, 8, 16), reps:int=50, deadline_s:float=120
         shapes:dict|None=None, timer=None, kernels=None, dim_first:bool|None=None, rotations=None)->dict:
     """Checks, then per token count the unfused path and the kernel per warp count, each in one CUDA graph.
     `device`, `shapes`, `timer`, `kernels` (08d's torch set), `dim_first` and `rotations` exist for the CPU test."""
-    import torch, triton
+    import torch
     from solar_open2.vllm import kda_decode as kd
     t0 = time.perf_counter()
     shp, timer = dict(shapes or REAL), timer or time_graph
@@ -120,20 +120,13 @@ def run(tokens=(1, 2, 4, 8), warps=(4, 8, 16), reps:int=50, deadline_s:float=120
     if dim_first is None:
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
         dim_first = is_conv_state_dim_first()
-    res = {"schema": 1, "benchmark": "kda_decode_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
-           "versions": {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
-           "git_commit": git_commit(ROOT), "shapes": shp, "conv_state_dim_first": dim_first, "unfused_kernels": kernels.name,
+    res = {**result_head("kda_decode_h200", device, ROOT), "shapes": shp, "conv_state_dim_first": dim_first, "unfused_kernels": kernels.name,
            "checks": [], "timings": [], "skipped": []}
     try:
         import vllm
         res["versions"]["vllm"] = vllm.__version__
     except ImportError: pass
-    def save():
-        for p in out_paths:
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-            Path(p).write_text(json.dumps(res, indent=1))
+    save = json_writer(res, out_paths)
     res["checks"] = [{**c, "kind": "fp32 cases"} for c in kd.self_check(device=device)]
     res["checks"].append({**bf16_check(kernels, device, shp, dim_first=dim_first), "kind": "bf16, against the unfused path"})
     save()

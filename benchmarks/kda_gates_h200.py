@@ -17,13 +17,13 @@ engine) in one CUDA graph and replays it. Output: `benchmarks/results/kda_gates_
 written after every timing.
 """
 from __future__ import annotations
-import argparse, datetime, json, platform, sys, time
+import argparse, json, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import add_run_args, git_commit, int_list, plugin_module, tile_list, result_paths, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import add_run_args, int_list, json_writer, plugin_module, result_head, result_paths, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 from solar_open2.nvfp4 import relative_rms                      # noqa: E402
@@ -42,21 +42,14 @@ def run(tokens=(1, 2, 4, 8), a_tiles=A_TILES, b_tiles=B_TILES, reps:int=50, dead
         device:str="cuda", shapes:dict|None=None, timer=None, no_op:bool=False, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
     """Check, then per token count time the module path, each launch over its tiles and the best pair; returns the
     result dict (also written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
-    import torch, triton
+    import torch
     kg = plugin_module("kda_gates", no_op)
     t0 = time.perf_counter()
     shp, timer = dict(shapes or real_shapes(SolarOpen2Config.real())), timer or time_graph
     d, r, P = shp["d"], shp["r"], shp["P"]
-    res = {"schema": 1, "benchmark": "kda_gates_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
-           "versions": {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
-           "git_commit": git_commit(ROOT), "tp": TP, "shapes": shp, "bandwidth_Bps": budget.BANDWIDTH["h200"],
+    res = {**result_head("kda_gates_h200", device, ROOT), "tp": TP, "shapes": shp, "bandwidth_Bps": budget.BANDWIDTH["h200"],
            "checks": [], "timings": [], "skipped": [], "best": {}}
-    def save():
-        for p in out_paths:
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-            Path(p).write_text(json.dumps(res, indent=1))
+    save = json_writer(res, out_paths)
     res["checks"] = [{**c, "kind": "small"} for c in kg.self_check(device=device)]
     g = torch.Generator(device=device).manual_seed(0)
     nbytes = 2 * (2 * r * d + 2 * P * r)                                       # bf16 weights read per call

@@ -1,6 +1,7 @@
-"""What the benchmark scripts share: the CUDA-graph timer and the integer-list and tile-list flags of the single-GPU
-kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`), chapter 08h's and 08i's modules without
-vLLM (the last two), and the commit every result JSON records (those and `perf_h200.py`)."""
+"""What the benchmark scripts share: the CUDA-graph timer, the integer-list and tile-list flags, the head of the result
+JSON and its writer of the single-GPU kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`,
+`kda_decode_h200.py`, `moe_router_h200.py`), chapter 08h's and 08i's modules without vLLM, and the commit every result
+JSON records (those and `perf_h200.py`)."""
 import argparse, os, subprocess, sys
 from pathlib import Path
 
@@ -31,6 +32,28 @@ def git_commit(root:Path)->str|None:
     "HEAD of the checkout at `root` (None outside git, as on a copied tree)."
     try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired): return None
+
+def result_head(benchmark:str, device:str, root:Path, schema:int=1)->dict:
+    "The fields every kernel benchmark's JSON starts with: what ran (command, tree), when, on which GPU, with which versions."
+    import datetime, platform, torch
+    versions = {"torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import triton
+        versions["triton"] = triton.__version__
+    except ImportError: pass
+    return {"schema": schema, "benchmark": benchmark, "command": " ".join([Path(sys.executable).name] + sys.argv),
+            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device, "versions": versions,
+            "git_commit": git_commit(root)}
+
+def json_writer(res:dict, paths)->"callable":
+    "`save()`: `res` as JSON to every path in `paths` (parents created); the benchmarks call it after every timing."
+    import json
+    def save():
+        for p in paths:
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+            Path(p).write_text(json.dumps(res, indent=1))
+    return save
 
 def int_list(s:str)->tuple:
     "argparse type: comma-separated integers."

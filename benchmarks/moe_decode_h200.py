@@ -17,13 +17,13 @@ matters is an engine A/B once the kernels are wired in; this script decides whet
 Output: `benchmarks/results/moe_decode_h200.json` (and `$OUT/` when set), written after every configuration.
 """
 from __future__ import annotations
-import argparse, datetime, json, platform, sys, time
+import argparse, json, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import add_run_args, git_commit, int_list, tile_list, result_paths, time_graph      # noqa: E402  (what the kernel benchmarks share)
+from kernel_bench import add_run_args, int_list, json_writer, result_head, result_paths, tile_list, time_graph      # noqa: E402  (what the kernel benchmarks share)
 from solar_open2 import budget                                  # noqa: E402
 from solar_open2.config import SolarOpen2Config, nvfp4_bytes   # noqa: E402
 
@@ -141,15 +141,9 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
     from solar_open2.vllm import moe_decode as md
     t0 = time.perf_counter()
     dev, shp, timer = device, dict(shapes or REAL), timer or time_graph
-    res = {"schema": 2, "benchmark": "moe_decode_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else dev, "versions": {"torch": torch.__version__, "triton": triton.__version__,
-           "python": platform.python_version()}, "git_commit": git_commit(ROOT), "shapes": shp, "rotations": rotations,
+    res = {**result_head("moe_decode_h200", dev, ROOT, schema=2), "shapes": shp, "rotations": rotations,
            "bandwidth_Bps": H200_BANDWIDTH, "marlin_profile": MARLIN_PROFILE, "checks": [], "timings": [], "skipped": []}
-    def save():
-        for p in out_paths:
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-            Path(p).write_text(json.dumps(res, indent=1))
+    save = json_writer(res, out_paths)
     res["checks"] = [{**c, "kind": "small"} for rd in READS for c in md.self_check(device=dev, read=rd)]
     E, K, I, H, k = (shp[x] for x in ("E", "K", "I", "H", "topk"))
     w13, w2 = random_experts(E, K, I, H, dev)

@@ -21,13 +21,13 @@ in the engine, where every layer reads its own router):
 Output: `benchmarks/results/moe_router_h200.json` (and `$OUT/` when set), written after every timing.
 """
 from __future__ import annotations
-import argparse, datetime, json, platform, sys, time
+import argparse, json, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import add_run_args, git_commit, int_list, tile_list, result_paths, time_graph   # noqa: E402
+from kernel_bench import add_run_args, int_list, json_writer, result_head, result_paths, tile_list, time_graph   # noqa: E402
 from solar_open2.config import SolarOpen2Config                 # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -49,20 +49,13 @@ def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out
         shapes:dict|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
     """Check, then per token count time vLLM's path and the kernel over its tiles; returns the result dict (also
     written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
-    import torch, triton
+    import torch
     from solar_open2.vllm import moe_router as mr
     t0 = time.perf_counter()
     shp, timer = dict(shapes or real_shapes(SolarOpen2Config.real())), timer or time_graph
     E, K, k = shp["E"], shp["K"], shp["top_k"]
-    res = {"schema": 1, "benchmark": "moe_router_h200", "command": " ".join([Path(sys.executable).name] + sys.argv),
-           "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device,
-           "versions": {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()},
-           "git_commit": git_commit(ROOT), "shapes": shp, "checks": [], "timings": [], "skipped": [], "best": {}}
-    def save():
-        for p in out_paths:
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-            Path(p).write_text(json.dumps(res, indent=1))
+    res = {**result_head("moe_router_h200", device, ROOT), "shapes": shp, "checks": [], "timings": [], "skipped": [], "best": {}}
+    save = json_writer(res, out_paths)
     res["small_checks"] = mr.self_check(device=device)
     g = torch.Generator(device=device).manual_seed(0)
     nbytes = 4 * E * K                                                        # fp32 weights read per call
