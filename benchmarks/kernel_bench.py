@@ -33,6 +33,26 @@ def git_commit(root:Path)->str|None:
     try: return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired): return None
 
+SOURCE_GLOBS = ("solar_open2/**/*.py", "benchmarks/*.py", "scripts/*.py")
+
+def source_digest(root:Path, globs=SOURCE_GLOBS)->str:
+    """sha256 (16 hex digits) of the code a run executes: the package, the benchmarks and the scripts, path and bytes,
+    in path order. The GPU machine's copy of the tree may carry an older `.git` than its files (this session's runs
+    recorded the session's first commit as `git_commit`), so this, not the commit, names the code that ran."""
+    import hashlib
+    h, root = hashlib.sha256(), Path(root)
+    for f in sorted({p for g in globs for p in root.glob(g) if p.is_file() and "__pycache__" not in p.parts}):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+def git_dirty(root:Path)->bool|None:
+    "Whether the package, benchmarks or scripts differ from HEAD in the checkout at `root` (None outside git)."
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--", "solar_open2", "benchmarks", "scripts"], cwd=root,
+                           capture_output=True, text=True, timeout=10)
+        return bool(r.stdout.strip()) if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired): return None
+
 def result_head(benchmark:str, device:str, root:Path, schema:int=1)->dict:
     "The fields every kernel benchmark's JSON starts with: what ran (command, tree), when, on which GPU, with which versions."
     import datetime, platform, torch
@@ -44,7 +64,7 @@ def result_head(benchmark:str, device:str, root:Path, schema:int=1)->dict:
     return {"schema": schema, "benchmark": benchmark, "command": " ".join([Path(sys.executable).name] + sys.argv),
             "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device, "versions": versions,
-            "git_commit": git_commit(root)}
+            "git_commit": git_commit(root), "git_dirty": git_dirty(root), "source_sha256": source_digest(root)}
 
 def json_writer(res:dict, paths)->"callable":
     "`save()`: `res` as JSON to every path in `paths` (parents created); the benchmarks call it after every timing."

@@ -62,7 +62,7 @@ if str(ROOT / "benchmarks") not in sys.path: sys.path.insert(0, str(ROOT / "benc
 from solar_open2 import budget                       # noqa: E402  (CPU-only imports; vllm is imported lazily)
 from solar_open2.config import SolarOpen2Config      # noqa: E402
 from solar_open2.vllm import FUSE_KDA_PROJ, GEMV_KERNEL, KDA_DECODE_KERNEL, KDA_GATE_KERNEL, ROUTER_KERNEL   # noqa: E402  (the plugin's constants; no vllm import)
-from kernel_bench import git_commit                  # noqa: E402  (what the benchmark scripts share)
+from kernel_bench import git_commit, git_dirty, source_digest   # noqa: E402  (what the benchmark scripts share)
 
 SCHEMA = 1
 PHASES = ("eager", "graphs")
@@ -873,7 +873,7 @@ def new_result(a, phase:str, argv:list)->dict:
     return {"schema": SCHEMA, "benchmark": "perf_h200", "phase": phase, "config": a.config, "status": "started",
             "error": None, "command": "python benchmarks/perf_h200.py " + " ".join(argv),
             "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(ROOT), "host": platform.node(), "settings": settings(a, phase),
+            "git_commit": git_commit(ROOT), "git_dirty": git_dirty(ROOT), "source_sha256": source_digest(ROOT), "host": platform.node(), "settings": settings(a, phase),
             "versions": None, "gpu": None, "env": None, "plugin": None, "engine": None, "kv_pool": None,
             "memory": None, "figures": {}, "figure_details": {}, "profile": None, "sanity": {}, "skipped": [], "errors": [],
             "timeline": [], "roofline_source": "solar_open2.budget.decode_ceiling, H200 4.8e12 B/s per GPU, same TP/context/batch"}

@@ -268,7 +268,10 @@ def main() -> int:
     paths = [str(ROOT)] + ([] if installed else [str(entry_point_shim(work / "shim"))])
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     import vllm
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernel_bench import git_commit, git_dirty, source_digest         # the code that ran, whatever .git says
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "gpu": torch.cuda.get_device_name(0),
+              "git_commit": git_commit(ROOT), "git_dirty": git_dirty(ROOT), "source_sha256": source_digest(ROOT),
               "additional_config": a.ac, "moe_backend": a.moe_backend,
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,

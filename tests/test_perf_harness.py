@@ -846,3 +846,18 @@ def test_the_sampler_stops_before_the_measurements(tmp_path, isolated_env):
     d = r["figure_details"]["decode_bs1_ctx2048_nosmi"]
     assert d["smi_stopped"] is True and d["decode_tok_s"] > 0
     assert [t["what"] for t in r["timeline"][1:]] == ["warmup", "decode_bs1_ctx2048", "decode_bs1_ctx2048_nosmi"]
+
+def test_source_digest_names_the_code_not_the_commit(tmp_path):
+    "The digest changes with any byte of the package, the benchmarks or the scripts, and with nothing else."
+    kb = _load("kernel_bench")
+    for f in ("solar_open2/a.py", "solar_open2/vllm/b.py", "benchmarks/c.py", "scripts/d.py", "nbs/e.py"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True); (tmp_path / f).write_text("x = 1\n")
+    d0 = kb.source_digest(tmp_path)
+    assert len(d0) == 16 and kb.source_digest(tmp_path) == d0
+    (tmp_path / "nbs" / "e.py").write_text("x = 2\n")                          # not code that runs
+    assert kb.source_digest(tmp_path) == d0
+    (tmp_path / "solar_open2" / "vllm" / "b.py").write_text("x = 2\n")
+    assert kb.source_digest(tmp_path) != d0
+    assert kb.git_dirty(tmp_path) is None                                      # not a git checkout
+    head = kb.result_head("x", "cpu", tmp_path)
+    assert head["source_sha256"] == kb.source_digest(tmp_path) and head["git_commit"] is None
