@@ -165,10 +165,11 @@ def tie_check(device:str="cpu")->dict:
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #8c88c494
 def router_kernel_enabled(vllm_config)->bool:
-    "Whether `solar_open2_router_kernel` is on (default on) and the parallel layout allows it (no data or expert parallelism)."
+    "Whether `solar_open2_router_kernel` is on (default on) and the parallel layout allows it (no data or expert parallelism, no DBO)."
     if not plugin_flag(vllm_config, ROUTER_KERNEL, True): return False
     pc = getattr(vllm_config, "parallel_config", None)
-    return getattr(pc, "data_parallel_size", 1) == 1 and not getattr(pc, "enable_expert_parallel", False)
+    return (getattr(pc, "data_parallel_size", 1) == 1 and not getattr(pc, "enable_expert_parallel", False)
+            and not getattr(pc, "enable_dbo", False))                        # two micro-batches would share the counter
 
 class SolarMoERouter(GroupedTopKRouter):
     """vLLM's grouped top-k router, with batches of at most `ROUTE_MAX_TOKENS` tokens routed by `route_triton` straight
