@@ -46,7 +46,7 @@ def vllm_path(x, w, bias, top_k:int):
                         routed_scaling_factor=1.0, e_score_correction_bias=bias)
 
 def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out_paths=(), device:str="cuda",
-        shapes:dict|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
+        shapes:dict|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, pairs:bool=False)->dict:
     """Check, then per token count time vLLM's path and the kernel over its tiles; returns the result dict (also
     written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
     import torch
@@ -76,8 +76,18 @@ def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out
                               "max_dw_vllm": (wt.gather(1, ot.indices) - wv.float().gather(1, ov.indices)).abs().max().item()
                                              if same else None,
                               "min_gap_k": (c[:, k - 1] - c[:, k]).min().item(), "counter": int(counters[0].item())})
+    if pairs:                                                                 # the pairs beside the routing: 08f's, bit for bit
+        from solar_open2.vllm.moe_decode import act_pairs_triton
+        for T in tokens:
+            x = torch.randn(T, K, generator=g, device=device).to(torch.bfloat16)
+            pb = mr.pairs_buffers(T, K, device)
+            mr.route_triton(x, W[0], B[0], k, counter=counters[0], pairs_out=pb)
+            P, V = act_pairs_triton(x)
+            res["checks"].append({"tokens": T, "kind": "pairs", "pairs_equal": bool(torch.equal(pb[0], P) and torch.equal(pb[1], V)),
+                                  "counter": int(counters[0].item())})
     res["checks_pass"] = (all(c["ids_equal"] and c["max_dw"] < 1e-6 and c["counter"] == 0 for c in res["small_checks"])
-                          and all(c["ids_equal_torch"] and c["max_dw_torch"] < 1e-5 and c["counter"] == 0 for c in res["checks"]))
+                          and all(c.get("pairs_equal", c.get("ids_equal_torch") and c.get("max_dw_torch", 1) < 1e-5)
+                                  and c["counter"] == 0 for c in res["checks"]))
     save()
     late = lambda: time.perf_counter() - t0 > deadline_s
     def row(T, kind, tile, us):
@@ -99,6 +109,12 @@ def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out
                 continue
             if "kernel" not in best or rr["us"] < best["kernel"]["us"]: best["kernel"] = rr
         if "kernel" in best: best["speedup"] = round(best["vllm"]["us"] / best["kernel"]["us"], 3)
+        if pairs and "kernel" in best and not late():                      # + the activation pairs (solar_open2_moe_pairs)
+            tile = tuple(best["kernel"]["tile"])
+            bufs = [mr.pairs_buffers(T, K, device) for _ in range(copies)]
+            best["kernel_pairs"] = row(T, "kernel+pairs", list(tile), timer(
+                [lambda x=x, w=w, b=b, c=c, pb=pb: mr.route_triton(x, w, b, k, counter=c, tile=tile, pairs_out=pb)
+                 for x, w, b, c, pb in zip(xs, W, B, counters, bufs)], reps))
         res["best"][str(T)] = best
         save()
     res["counters_zero"] = all(int(c.item()) == 0 for c in counters)          # every replay left its counter reset
@@ -110,11 +126,12 @@ def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
     ap.add_argument("--tiles", type=tile_list, default=None, help="BLOCK_NxBLOCK_KxWARPSxSTAGES,... (default: ROUTE_TILES)")
+    ap.add_argument("--pairs", action="store_true", help="also check and time the kernel writing the activation pairs")
     add_run_args(ap, reps=50, deadline_s=90.0)
     a = ap.parse_args(argv)
     outs = result_paths("moe_router_h200", RESULTS, a.out)
     if outs is None: return 2
-    res = run(a.tokens, a.tiles, a.reps, a.deadline_s, outs)
+    res = run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, pairs=a.pairs)
     for c in res["checks"]: print("check", c)
     for T, b in res["best"].items():
         if "kernel" in b:

@@ -61,7 +61,7 @@ if str(ROOT / "benchmarks") not in sys.path: sys.path.insert(0, str(ROOT / "benc
 
 from solar_open2 import budget                       # noqa: E402  (CPU-only imports; vllm is imported lazily)
 from solar_open2.config import SolarOpen2Config      # noqa: E402
-from solar_open2.vllm import FUSE_KDA_PROJ, GEMV_KERNEL, KDA_DECODE_KERNEL, KDA_GATE_KERNEL, ROUTER_KERNEL   # noqa: E402  (the plugin's constants; no vllm import)
+from solar_open2.vllm import FUSE_KDA_PROJ, GEMV_KERNEL, KDA_DECODE_KERNEL, KDA_GATE_KERNEL, MOE_PAIRS, ROUTER_KERNEL   # noqa: E402  (the plugin's constants; no vllm import)
 from kernel_bench import git_commit, git_dirty, source_digest   # noqa: E402  (what the benchmark scripts share)
 
 SCHEMA = 1
@@ -174,6 +174,9 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--router-kernel", action=argparse.BooleanOptionalAction, default=None,
                     help="MoE routing of decode batches (logits, top-8, weights) through chapter 08k's one kernel "
                          "(additional_config solar_open2_router_kernel); default: the plugin's default (on)")
+    ap.add_argument("--moe-pairs", action=argparse.BooleanOptionalAction, default=None,
+                    help="08k's routing kernel writes the activation pairs that 08f's half2 gate/up loads (additional_config "
+                         "solar_open2_moe_pairs; with --moe-backend emulation); default: the plugin's default (off)")
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")
@@ -338,7 +341,7 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
     ac = {k: v for k, v in ((FUSE_KDA_PROJ, a.fuse_kda_proj), (KDA_GATE_KERNEL, a.kda_gate_kernel),
                                            (GEMV_KERNEL, a.gemv_kernel), (KDA_DECODE_KERNEL, a.kda_decode_kernel),
-                                           (ROUTER_KERNEL, a.router_kernel)) if v is not None}
+                                           (ROUTER_KERNEL, a.router_kernel), (MOE_PAIRS, a.moe_pairs)) if v is not None}
     if ac: kw["additional_config"] = ac
     if phase == "eager": kw["enforce_eager"] = True
     else:
@@ -859,7 +862,7 @@ def settings(a, phase:str)->dict:
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
             "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj, "kda_gate_kernel": a.kda_gate_kernel,
             "gemv_kernel": a.gemv_kernel, "kda_decode_kernel": a.kda_decode_kernel,
-            "router_kernel": a.router_kernel,
+            "router_kernel": a.router_kernel, "moe_pairs": a.moe_pairs,
             "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
             "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
             "env": dict(a.env or []),

@@ -52,3 +52,19 @@ def test_gpu_kernel_matches_and_times(tmp_path):
     import moe_router_h200 as m
     res = m.run(tokens=(1,), reps=20, out_paths=[tmp_path / "r.json"])
     assert res["checks_pass"] and res["counters_zero"] and res["best"]["1"]["kernel"]["us"] > 0
+
+def test_pairs_option_on_cpu(tmp_path, interpreted):
+    "--pairs: the pairs the kernel writes are checked against 08f's act_pairs_triton and timed as a row of their own."
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+import moe_router_h200 as m
+res = m.run(tokens=(2,), tiles=((4, 64, 4, 1),), reps=1, out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu",
+            shapes=dict(E=40, K=96, top_k=4), timer=lambda fns, reps: [f() for f in fns] and 3.0, deadline_s=600,
+            l2_bytes=1, pairs=True)
+print(json.dumps(res["checks_pass"]))
+"""
+    assert json.loads(interpreted(code).strip().splitlines()[-1]) is True
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert [c["pairs_equal"] for c in res["checks"] if c.get("kind") == "pairs"] == [True]
+    assert [t["kernel"] for t in res["timings"]] == ["vllm", "kernel", "kernel+pairs"]

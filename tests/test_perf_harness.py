@@ -143,6 +143,9 @@ def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     off = ph.parse_args(["--phase", "graphs", "--no-router-kernel"])          # 08k's key, default on: only set when asked
     assert ph.engine_kwargs(off, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_router_kernel": False}
     assert ph.settings(off, "graphs")["router_kernel"] is False and ph.settings(four, "graphs")["router_kernel"] is None
+    pairs = ph.parse_args(["--phase", "graphs", "--moe-pairs"])
+    assert ph.engine_kwargs(pairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_moe_pairs": True}
+    assert ph.settings(pairs, "graphs")["moe_pairs"] is True and ph.settings(off, "graphs")["moe_pairs"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])

@@ -108,6 +108,20 @@ def main(deadline_s:float=150.0)->int:
         ref_gate_up(x, ids, h3, md.Tile(1, 1024, num_stages=2, words=True))
         out["checks"].append({"tokens": M, "proto_vs_half2": relative_rms(h1, h2), "proto_vs_words": relative_rms(h1, h3),
                               "half2_vs_words": relative_rms(h2, h3)})
+    for M in (1, 2, 4, 8):                                                    # the package's path (08f PAIRS, PAIR_TILES)
+        x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        ids, wts = routing(M, E, k, dev)
+        pr = md.act_pairs_triton(x)
+        a = md.moe_decode_triton(x, ids, wts, w13, w2, pairs=pr)
+        b = md.moe_decode_triton(x, ids, wts, w13, w2, gate_up=md.tiles_for(M, pairs=True)[0])
+        out["checks"].append({"tokens": M, "package_pairs_vs_half2": relative_rms(a, b), "equal": bool(torch.equal(a, b))})
+        xs = [torch.randn(M, K, device=dev).to(torch.bfloat16) for _ in range(8)]
+        rs = [routing(M, E, k, dev, seed=7 + r) for r in range(8)]
+        prs = [md.act_pairs_triton(x) for x in xs]
+        for name, fn in (("package TILES", lambda x, r, p: md.moe_decode_triton(x, *r, w13, w2)),
+                         ("package PAIR_TILES + pairs", lambda x, r, p: md.moe_decode_triton(x, *r, w13, w2, pairs=p))):
+            us = time_graph([lambda x=x, r=r, p=p: fn(x, r, p) for x, r, p in zip(xs, rs, prs)], 50)
+            out["timings"].append({"tokens": M, "kernel": name, "both_kernels": True, "us": round(us, 2)}); print(json.dumps(out["timings"][-1]))
     print(json.dumps(out["checks"])); save()
     rot = 8
     for M in (1, 2, 4, 8):

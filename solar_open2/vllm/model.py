@@ -18,7 +18,7 @@ from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
 from .moe_experts import use_triton_experts
-from .moe_router import RouterGate, SolarMoERouter, router_kernel_enabled
+from .moe_router import RouterGate, SolarMoERouter, moe_pairs_enabled, router_kernel_enabled
 from .gemv import gemv_kernel_enabled, gemv_probe_enabled, use_gemv_kernels, use_probe_tables
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
@@ -111,8 +111,11 @@ class SolarOpen2MoE(nn.Module):
                                 scoring_func="sigmoid", e_score_correction_bias=self.gate.e_score_correction_bias,
                                 routed_scaling_factor=config.routed_scaling_factor, apply_routed_scale_to_output=True,
                                 router_logits_dtype=torch.float32)
-        use_triton_experts(self.experts)      # moe_backend="emulation": our NVFP4 experts on the raw layout (08f)
-        if router is not None: self.experts.gate.runner = self.experts
+        ours = use_triton_experts(self.experts)   # moe_backend="emulation": our NVFP4 experts on the raw layout (08f)
+        if router is not None:
+            self.experts.gate.runner = self.experts
+            router.emit_pairs = ours and moe_pairs_enabled(vllm_config)     # 08k writes what 08f's gate/up reads
+            if router.emit_pairs: self.experts.routed_experts.solar_router = router
 
     def forward(self, hidden_states:torch.Tensor)->torch.Tensor: # [T, hidden] -> [T, hidden]
         if self.experts.is_internal_router:                                   # 08k: the runner routes (gate, then router)

@@ -15,10 +15,12 @@ import triton.language as tl
 from .. import nvfp4
 
 # %% auto #0
-__all__ = ['DOT16_PTX', 'TILES', 'READS', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts', 'moe_decode_torch',
-           'nibbles', 'quad16', 'quad', 'tile_dot', 'tile_dot_words', 'f16x2', 'block_scale', 'act_pairs', 'dot16',
-           'tile_dot_half2', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile', 'read_flags', 'codes_for',
-           'interpreting', 'tiles_for', 'moe_decode_triton', 'self_check', 'sass_loop']
+__all__ = ['DOT16_PTX', 'TILES', 'READS', 'PAIR_TILES', 'CHECK_CASES', 'NVFP4Experts', 'stack_experts', 'quantized_experts',
+           'moe_decode_torch', 'nibbles', 'quad16', 'quad', 'tile_dot', 'tile_dot_words', 'f16x2', 'block_scale',
+           'act_pairs', 'dot16', 'tile_dot_half2', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile',
+           'read_flags', 'codes_for', 'interpreting', 'check_pairs', 'tiles_for', 'moe_decode_triton',
+           'act_pairs_kernel', 'act_pairs_store', 'pairs_buffers', 'act_pairs_triton', 'pairs_check', 'self_check',
+           'sass_loop']
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #11bf17d0
 @dataclass(eq=False)
@@ -240,8 +242,11 @@ def tile_dot_half2(wp, sp, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0,
 def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
                    KP:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
-                   WORDS:tl.constexpr, HALF2:tl.constexpr=False, ASM:tl.constexpr=True):
-    "One (row block, token): h_j = silu(G[e_j] x) ⊙ (U[e_j] x) for BLOCK_N features of all the token's k experts."
+                   WORDS:tl.constexpr, HALF2:tl.constexpr=False, ASM:tl.constexpr=True,
+                   PAIRS:tl.constexpr=False, p_ptr=None, v_ptr=None):
+    """One (row block, token): h_j = silu(G[e_j] x) ⊙ (U[e_j] x) for BLOCK_N features of all the token's k experts.
+    `PAIRS` (half2 only): the activation pairs precomputed per token (`act_pairs_triton`: `p_ptr` [M, 8, K/16] int32,
+    planar, and `v_ptr` [M, K/16] fp32, the 1/s) are loaded instead of computed from `x` in every program."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     j = tl.arange(0, KP)
     jm = j < topk                                                                           # KP: k rounded up to 2^n
@@ -257,8 +262,21 @@ def moe_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, topk,
         acc_g3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
         acc_u3 = tl.zeros([KP, BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            kb = k0 + 16 * tl.arange(0, BLOCK_K // 16)                                      # [BK/16]: input 16b of block b
-            X0, X1, X2, X3, X4, X5, X6, X7, inv = act_pairs((xm + kb)[None, None, :], (kb < K)[None, None, :], ASM)
+            if PAIRS:                                 # 8 planes of K/16 pairs, then the 1/s, per token
+                bi = k0 // 16 + tl.arange(0, BLOCK_K // 16)                                 # [BK/16] block index
+                pb = p_ptr + m * 8 * (K // 16) + bi
+                X0 = tl.load(pb)[None, None, :]
+                X1 = tl.load(pb + K // 16)[None, None, :]
+                X2 = tl.load(pb + 2 * (K // 16))[None, None, :]
+                X3 = tl.load(pb + 3 * (K // 16))[None, None, :]
+                X4 = tl.load(pb + 4 * (K // 16))[None, None, :]
+                X5 = tl.load(pb + 5 * (K // 16))[None, None, :]
+                X6 = tl.load(pb + 6 * (K // 16))[None, None, :]
+                X7 = tl.load(pb + 7 * (K // 16))[None, None, :]
+                inv = tl.load(v_ptr + m * (K // 16) + bi)[None, None, :]
+            else:
+                kb = k0 + 16 * tl.arange(0, BLOCK_K // 16)                                  # [BK/16]: input 16b of block b
+                X0, X1, X2, X3, X4, X5, X6, X7, inv = act_pairs((xm + kb)[None, None, :], (kb < K)[None, None, :], ASM)
             acc_g3 += tile_dot_half2(wg, sg, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0, KP, BLOCK_N, BLOCK_K, ASM)
             acc_u3 += tile_dot_half2(wu, su, msk, X0, X1, X2, X3, X4, X5, X6, X7, inv, k0, KP, BLOCK_N, BLOCK_K, ASM)
         acc_g, acc_u = tl.sum(acc_g3, axis=2), tl.sum(acc_u3, axis=2)                       # [KP, BN]
@@ -400,9 +418,25 @@ def codes_for(t:NVFP4Experts, name:str, read:str)->torch.Tensor:
 
 def interpreting()->bool: return os.environ.get("TRITON_INTERPRET") == "1"   # no inline PTX there: `dot16` emulates it
 
-def tiles_for(M:int)->tuple:
-    "The (gate_up, down) tiles for `M` tokens."
-    return next(((g, d) for m, g, d in TILES if M <= m), TILES[-1][1:])
+# The same with the activation pairs precomputed per token (`act_pairs_triton`, or chapter 08k's routing kernel):
+# the half2 decode at every count, the fastest tiles of benchmarks/moe_explore/pairs.py on one H200 (results/pairs.json:
+# 12.2 / 19.7 / 35.5 / 66.7 µs at 1 / 2 / 4 / 8 tokens, against TILES' 15.3 / 22.8 / 40.0 / 70.2)
+PAIR_TILES = ((1, Tile(1, 1024, num_stages=2, half2=True), TILES[0][2]),
+              (4, Tile(1, 512, num_warps=2, num_stages=2, half2=True), TILES[1][2]),
+              (8, Tile(1, 512, num_warps=2, num_stages=2, half2=True), TILES[2][2]))
+
+def check_pairs(pairs:tuple, T:int, K:int)->None:
+    "Activation pairs as `act_pairs_triton` writes them for `T` tokens of width `K`, or a ValueError saying what differs."
+    P, V = pairs
+    if tuple(P.shape) != (T, 8, K // 16) or P.dtype != torch.int32 or not P.is_contiguous() \
+            or tuple(V.shape) != (T, K // 16) or V.dtype != torch.float32 or not V.is_contiguous():
+        raise ValueError(f"pairs must be contiguous int32 [{T}, 8, {K // 16}] and fp32 [{T}, {K // 16}] "
+                         f"(act_pairs_triton), got {P.dtype} {list(P.shape)} and {V.dtype} {list(V.shape)}")
+
+def tiles_for(M:int, pairs:bool=False)->tuple:
+    "The (gate_up, down) tiles for `M` tokens (`pairs`: with the activation pairs precomputed)."
+    table = PAIR_TILES if pairs else TILES
+    return next(((g, d) for m, g, d in table if M <= m), table[-1][1:])
 
 def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
                       topk_ids:torch.Tensor, # [M, k] selected experts
@@ -411,6 +445,7 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
                       w2:NVFP4Experts, # [E, H, I], one segment
                       gate_up:Tile|None=None, down:Tile|None=None, # default: `tiles_for(M)`
                       out:torch.Tensor|None=None, # [M, H] to write into (any float dtype); fp32 when None
+                      pairs:tuple|None=None, # x's activation pairs, `act_pairs_triton(x)`: gate/up loads them (half2)
                      )->torch.Tensor: # [M, H]
     "The routed experts of each token straight from the NVFP4 bytes: two launches, no sorting, no padding."
     M, K = x.shape
@@ -428,6 +463,11 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         raise ValueError(f"out must be [{M}, {H}] with unit column stride, got {list(out.shape)} strides {out.stride()}")
     for name, t in (("w13", w13), ("w2", w2)):
         if t.packed.stride(2) != 1 or t.scale.stride(2) != 1: raise ValueError(f"{name}: packed and scale need unit inner stride")
+    g, d = tiles_for(M, pairs is not None)
+    g, d = gate_up or g, down or d
+    if pairs is not None:
+        if not g.half2: raise ValueError(f"pairs are read by the half2 decode only; the gate_up tile reads {g.read}")
+        check_pairs(pairs, M, K)
     if not x.is_cuda and not interpreting():
         raise RuntimeError("moe_decode_triton on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 "
                            "before Triton is first imported (the tests run it in a subprocess)")
@@ -438,15 +478,14 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     if out is None: out = torch.empty(M, H, dtype=torch.float32, device=x.device)
     KP = triton.next_power_of_2(k)
     cdiv = lambda a, b: -(-a // b)
-    g, d = tiles_for(M)
-    g, d = gate_up or g, down or d
     c13, c2 = codes_for(w13, "w13", g.read), codes_for(w2, "w2", d.read)
     asm = not interpreting()
     moe_gate_up_kernel[(cdiv(I, g.block_n), M)](
         x, ids, c13, w13.scale, w13.global_scale.contiguous(), h, K, I, k,
         x.stride(0), c13.stride(0), c13.stride(1), w13.scale.stride(0), w13.scale.stride(1), h.stride(0),
         KP=KP, BLOCK_N=g.block_n, BLOCK_K=block_k_for(K, g.block_k), NUM_STAGES=g.num_stages, WORDS=g.words,
-        HALF2=g.half2, ASM=asm, num_warps=g.num_warps)
+        HALF2=g.half2, ASM=asm, PAIRS=pairs is not None, p_ptr=None if pairs is None else pairs[0],
+        v_ptr=None if pairs is None else pairs[1], num_warps=g.num_warps)
     moe_down_kernel[(cdiv(H, d.block_n), M)](
         h, ids, wts, c2, w2.scale, w2.global_scale.contiguous(), out, I, H, k,
         h.stride(0), c2.stride(0), c2.stride(1), w2.scale.stride(0), w2.scale.stride(1), out.stride(0),
@@ -454,6 +493,65 @@ def moe_decode_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         HALF2=d.half2, ASM=asm, num_warps=d.num_warps)
     return out
 
+
+# %% ../../nbs/08f_vllm_moe_decode.ipynb #5af31885
+@triton.jit
+def act_pairs_kernel(x_ptr, p_ptr, v_ptr, T, NB, stride_xt, BLOCK_B:tl.constexpr, ASM:tl.constexpr):
+    "Grid (blocks of the flattened (token, 16-input block) index / BLOCK_B,): `act_pairs` of each, stored planar."
+    pid_q = tl.program_id(0)
+    act_pairs_store(x_ptr, p_ptr, v_ptr, pid_q * BLOCK_B + tl.arange(0, BLOCK_B), T, NB, stride_xt, ASM)
+
+@triton.jit
+def act_pairs_store(x_ptr, p_ptr, v_ptr, q, T, NB, stride_xt, ASM:tl.constexpr):
+    "The pairs of the (token, block) indices `q` (t·NB + b): `p_ptr[t, c, b]` for c = 0..7 and `v_ptr[t, b]` = 1/s."
+    qm = q < T * NB
+    t, b = q // NB, q % NB
+    X0, X1, X2, X3, X4, X5, X6, X7, inv = act_pairs(x_ptr + t * stride_xt + 16 * b, qm, ASM)
+    pp = p_ptr + t * 8 * NB + b                                                  # [Q] plane 0 of each (t, b)
+    tl.store(pp, X0, mask=qm)
+    tl.store(pp + NB, X1, mask=qm)
+    tl.store(pp + 2 * NB, X2, mask=qm)
+    tl.store(pp + 3 * NB, X3, mask=qm)
+    tl.store(pp + 4 * NB, X4, mask=qm)
+    tl.store(pp + 5 * NB, X5, mask=qm)
+    tl.store(pp + 6 * NB, X6, mask=qm)
+    tl.store(pp + 7 * NB, X7, mask=qm)
+    tl.store(v_ptr + t * NB + b, inv, mask=qm)
+
+def pairs_buffers(T:int, K:int, device)->tuple:
+    "Empty (pairs [T, 8, K/16] int32, 1/s [T, K/16] fp32) for `T` tokens of width `K`."
+    if K % 16: raise ValueError(f"K must be a multiple of 16, got {K}")
+    return (torch.empty(T, 8, K // 16, dtype=torch.int32, device=device), torch.empty(T, K // 16, dtype=torch.float32, device=device))
+
+def act_pairs_triton(x:torch.Tensor, # [T, K] activations (unit inner stride)
+                     block_b:int=64)->tuple: # (pairs [T, 8, K/16] int32, 1/s [T, K/16] fp32)
+    "The half2 decode's activation pairs of every 16-input block of every token, once (`moe_decode_triton(pairs=)`)."
+    if x.dim() != 2 or x.stride(1) != 1: raise ValueError(f"x must be [T, K] with unit inner stride, got {list(x.shape)} strides {x.stride()}")
+    if not x.is_cuda and not interpreting(): raise RuntimeError("act_pairs_triton on CPU tensors needs TRITON_INTERPRET=1")
+    T, K = x.shape
+    P, V = pairs_buffers(T, K, x.device)
+    act_pairs_kernel[(triton.cdiv(T * (K // 16), block_b),)](x, P, V, T, K // 16, x.stride(0), BLOCK_B=block_b,
+                                                            ASM=not interpreting(), num_warps=2)
+    return P, V
+
+# %% ../../nbs/08f_vllm_moe_decode.ipynb #7dc84603
+def pairs_check(device:str="cpu", seed:int=0)->list:
+    "Per case: `moe_decode_triton` with `act_pairs_triton`'s pairs against the half2 decode computing them, and with another token's pairs."
+    out = []
+    for i, (E, K, I, H, M, k) in enumerate(((6, 64, 32, 40, 1, 2), (5, 256, 48, 24, 3, 3), (9, 128, 16, 32, 2, 8))):
+        g = torch.Generator().manual_seed(seed + i)
+        w13, w2 = quantized_experts(E, K, I, H, g)
+        w13, w2 = (NVFP4Experts(t.packed.to(device), t.scale.to(device), t.global_scale.to(device)) for t in (w13, w2))
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(device)
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(M)]).to(device)
+        wts = torch.rand(M, k, generator=g).to(device)
+        tile = Tile(1, 32, num_stages=1, half2=True)
+        plain = moe_decode_triton(x, ids, wts, w13, w2, gate_up=tile)
+        got = moe_decode_triton(x, ids, wts, w13, w2, gate_up=tile, pairs=act_pairs_triton(x))
+        other = moe_decode_triton(x, ids, wts, w13, w2, gate_up=tile, pairs=act_pairs_triton(torch.randn_like(x)))
+        out.append({"case": [E, K, I, H, M, k], "equal": bool(torch.equal(got, plain)),
+                    "other_rel_rms": nvfp4.relative_rms(other.cpu(), plain.cpu())})
+    return out
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #2f9abc22
 CHECK_CASES = (   # (E, K, I, H, M, k, block_n, block_k)

@@ -36,6 +36,7 @@ class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
         self.g2 = (1.0 / layer.w2_weight_global_scale.detach().float().reshape(E, 1)).contiguous()     # [E, 1]
         self.g_seg = (self.g13[:, 0].contiguous(), self.g13[:, 1].contiguous(), self.g2.view(-1))   # [E] each
         self._stacked = None
+        self.router = getattr(layer, "solar_router", None)                   # 08k: a router that writes activation pairs
 
     def stacked(self, w1:torch.Tensor, w2:torch.Tensor)->tuple:
         "The layer's experts as `NVFP4Experts` (built once; views, no copies)."
@@ -51,7 +52,8 @@ class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
                                       f"got {activation}, weights on input={apply_router_weight_on_input}")
         if hidden_states.size(0) <= self.decode_max_tokens and expert_map is None:
             w13, w2s = self.stacked(w1, w2)
-            moe_decode_triton(hidden_states, topk_ids, topk_weights, w13, w2s, out=output)   # [M, K] in place
+            pairs = None if getattr(self, "router", None) is None else self.router.pairs_for(hidden_states)
+            moe_decode_triton(hidden_states, topk_ids, topk_weights, w13, w2s, out=output, pairs=pairs)   # [M, K] in place
             return
         self.apply_grouped(output, hidden_states, w1, w2, topk_weights, topk_ids, global_num_experts, expert_map,
                            workspace13, workspace2)

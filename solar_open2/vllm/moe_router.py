@@ -13,15 +13,16 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopKRouter
 
 from ..nvfp4 import relative_rms
-from . import ROUTER_KERNEL, plugin_flag
+from . import MOE_PAIRS, ROUTER_KERNEL, plugin_flag
 from .kda_gates import gemv_block
+from .moe_decode import act_pairs_store, check_pairs, pairs_buffers
 
 logger = init_logger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'MIN_KEY', 'ROUTE_MAX_TOKENS', 'ROUTE_TILES', 'ROUTE_CHECK_CASES', 'route_torch', 'moe_route_kernel',
-           'route_tile_for', 'interpreting', 'route_triton', 'self_check', 'tie_check', 'router_kernel_enabled',
-           'SolarMoERouter', 'RouterGate']
+           'route_tile_for', 'interpreting', 'route_triton', 'self_check', 'tie_check', 'pairs_emit_check',
+           'moe_pairs_enabled', 'router_kernel_enabled', 'SolarMoERouter', 'RouterGate']
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #6665c0a2
 def _check(x:torch.Tensor, w:torch.Tensor, bias:torch.Tensor, top_k:int)->tuple:
@@ -80,10 +81,14 @@ def _route_tokens(logit_ptr, b_ptr, wts_ptr, ids_ptr, T, E, scale,
 @triton.jit
 def moe_route_kernel(x_ptr, w_ptr, b_ptr, logit_ptr, count_ptr, wts_ptr, ids_ptr, T, E, K, stride_xt, stride_wn, scale,
                      TOP_K:tl.constexpr, RENORM:tl.constexpr, BLOCK_T:tl.constexpr, BLOCK_N:tl.constexpr,
-                     BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr, BLOCK_E:tl.constexpr):
-    "Grid (row blocks,): logits of `BLOCK_N` experts for all tokens; the last program to finish routes every token."
+                     BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr, BLOCK_E:tl.constexpr,
+                     PAIRS:tl.constexpr=False, PAIR_B:tl.constexpr=1, ASM:tl.constexpr=True, p_ptr=None, v_ptr=None):
+    """Grid (row blocks,): logits of `BLOCK_N` experts for all tokens; the last program to finish routes every token.
+    `PAIRS`: each program also writes `PAIR_B` of the tokens' activation pairs for 08f's half2 gate/up."""
     gemv_block(x_ptr, w_ptr, logit_ptr, T, E, K, stride_xt, stride_wn, E, tl.program_id(0),
                BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)                        # logits [T, E] fp32, this program's rows
+    if PAIRS:                                                                 # (token, block) indices pid·PAIR_B + i
+        act_pairs_store(x_ptr, p_ptr, v_ptr, tl.program_id(0) * PAIR_B + tl.arange(0, PAIR_B), T, K // 16, stride_xt, ASM)
     tl.debug_barrier()                                                        # every thread's stores before the release
     done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
     if done == tl.num_programs(0) - 1:                                        # the last program: all logits are visible
@@ -107,6 +112,7 @@ def route_triton(x:torch.Tensor, # [T, K] hidden states (bf16, fp16 or fp32), un
                  top_k:int, renormalize:bool=True, scale:float=1.0,
                  counter:torch.Tensor|None=None, # [1] int32, zero between launches; a new one when None
                  tile:tuple|None=None, # (BLOCK_N, BLOCK_K, num_warps, num_stages); default `route_tile_for(T)`
+                 pairs_out:tuple|None=None, # `pairs_buffers(T, K)`: also write x's activation pairs (08f's half2 gate/up)
                 )->tuple: # weights [T, top_k] fp32, ids [T, top_k] int32
     "`route_torch` in one launch: the logits GEMV, then the top-k in the last program to finish."
     T, E, K = _check(x, w, bias, top_k)
@@ -116,15 +122,19 @@ def route_triton(x:torch.Tensor, # [T, K] hidden states (bf16, fp16 or fp32), un
     if not w.is_contiguous(): raise ValueError("w (mlp.gate.weight) must be contiguous")
     if counter is None: counter = torch.zeros(1, dtype=torch.int32, device=x.device)
     if counter.dtype != torch.int32 or counter.numel() != 1: raise ValueError(f"counter must be one int32, got {counter.dtype} {list(counter.shape)}")
+    if pairs_out is not None: check_pairs(pairs_out, T, K)
     bn, bk, nw, ns = tile or route_tile_for(T)
+    grid = triton.cdiv(E, bn)
     bk = min(bk, triton.next_power_of_2(K))
     logits = torch.empty(T, E, dtype=torch.float32, device=x.device)         # the workspace the last program reads
     wts = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
-    moe_route_kernel[(triton.cdiv(E, bn),)](
+    moe_route_kernel[(grid,)](
         x, w, bias.float().contiguous(), logits, counter, wts, ids, T, E, K, x.stride(0), w.stride(0), float(scale),
         TOP_K=top_k, RENORM=renormalize, BLOCK_T=triton.next_power_of_2(T), BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=ns,
-        BLOCK_E=triton.next_power_of_2(E), num_warps=nw)
+        BLOCK_E=triton.next_power_of_2(E), PAIRS=pairs_out is not None,
+        PAIR_B=triton.next_power_of_2(triton.cdiv(T * (K // 16), grid)), ASM=not interpreting(),
+        p_ptr=None if pairs_out is None else pairs_out[0], v_ptr=None if pairs_out is None else pairs_out[1], num_warps=nw)
     return wts, ids
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #ebb99515
@@ -163,7 +173,24 @@ def tie_check(device:str="cpu")->dict:
     wt, it = route_triton(x, w, b, 4, tile=(4, 32, 1, 1))
     return {"ids": it.cpu().tolist(), "ref": route_torch(x, w, b, 4)[1].tolist()}
 
+def pairs_emit_check(device:str="cpu")->list:
+    "Per case: the activation pairs the kernel writes beside the routing, against 08f's `act_pairs_triton`, bit for bit."
+    from solar_open2.vllm.moe_decode import act_pairs_triton
+    out = []
+    for T, E, K, tile in ((1, 40, 64, (1, 64, 1, 1)), (3, 8, 256, (4, 64, 4, 1)), (4, 320, 128, (2, 128, 8, 1))):
+        x, w, b = (t.to(device) for t in _case(T, E, K, 5))
+        pairs = pairs_buffers(T, K, device)
+        wt, it = route_triton(x, w, b, min(8, E), tile=tile, pairs_out=pairs)
+        P, V = act_pairs_triton(x)
+        out.append({"case": [T, E, K], "pairs_equal": bool(torch.equal(pairs[0], P) and torch.equal(pairs[1], V)),
+                    "ids_equal": bool(torch.equal(it, route_torch(x, w, b, min(8, E))[1]))})
+    return out
+
 # %% ../../nbs/08k_vllm_moe_router.ipynb #8c88c494
+def moe_pairs_enabled(vllm_config)->bool:
+    "Whether `solar_open2_moe_pairs` is on (default off): the routing kernel writes the activation pairs 08f's gate/up reads."
+    return plugin_flag(vllm_config, MOE_PAIRS, False)
+
 def router_kernel_enabled(vllm_config)->bool:
     "Whether `solar_open2_router_kernel` is on (default on) and the parallel layout allows it (no data or expert parallelism, no DBO)."
     if not plugin_flag(vllm_config, ROUTER_KERNEL, True): return False
@@ -177,6 +204,8 @@ class SolarMoERouter(GroupedTopKRouter):
     def __init__(self, gate:torch.nn.Module, **kwargs):
         super().__init__(**kwargs)
         self.gate = gate
+        self.emit_pairs = False                                               # set by the model: our experts read them
+        self.pairs = None                                                     # ((x's address, shape), (pairs, 1/s)) of the last routing
         self.one_group = self.num_expert_group in (None, 1) or self.topk_group == self.num_expert_group
 
     def fused(self, x:torch.Tensor)->bool:
@@ -184,11 +213,19 @@ class SolarMoERouter(GroupedTopKRouter):
         return (self.one_group and self.e_score_correction_bias is not None and self.scoring_func == "sigmoid"
                 and 1 <= x.shape[0] <= ROUTE_MAX_TOKENS and (x.is_cuda or interpreting()))
 
+    def pairs_for(self, x:torch.Tensor)->tuple|None:
+        "The activation pairs this router wrote for `x` in its last routing (same address and shape), else None."
+        return self.pairs[1] if self.pairs is not None and self.pairs[0] == (x.data_ptr(), tuple(x.shape)) else None
+
     def _compute_routing(self, hidden_states, router_logits, indices_type, *, input_ids=None):
+        self.pairs = None
         if self.fused(hidden_states):
             logger.info_once("solar_open2: MoE routing of decode batches through chapter 08k's kernel")
-            return route_triton(hidden_states, self.gate.weight, self.e_score_correction_bias, self.top_k, self.renormalize,
-                                self.routed_scaling_factor, counter=self.gate.route_counter)
+            pairs = pairs_buffers(*hidden_states.shape, hidden_states.device) if self.emit_pairs else None
+            out = route_triton(hidden_states, self.gate.weight, self.e_score_correction_bias, self.top_k, self.renormalize,
+                               self.routed_scaling_factor, counter=self.gate.route_counter, pairs_out=pairs)
+            if pairs is not None: self.pairs = ((hidden_states.data_ptr(), tuple(hidden_states.shape)), pairs)
+            return out
         return super()._compute_routing(hidden_states, router_logits, indices_type, input_ids=input_ids)
 
 class RouterGate:
