@@ -4,6 +4,7 @@ JSON and its writer of the single-GPU kernel benchmarks (`moe_decode_h200.py`, `
 JSON records (those and `perf_h200.py`)."""
 import argparse, os, subprocess, sys
 from pathlib import Path
+from typing import Callable
 
 def time_graph(fns:list, reps:int)->float:
     """Microseconds per call: the calls in `fns` captured once in one CUDA graph (as the engine replays them), the graph
@@ -66,7 +67,7 @@ def result_head(benchmark:str, device:str, root:Path, schema:int=1)->dict:
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else device, "versions": versions,
             "git_commit": git_commit(root), "git_dirty": git_dirty(root), "source_sha256": source_digest(root)}
 
-def json_writer(res:dict, paths)->"callable":
+def json_writer(res:dict, paths)->Callable[[], None]:
     "`save()`: `res` as JSON to every path in `paths` (parents created); the benchmarks call it after every timing."
     import json
     def save():

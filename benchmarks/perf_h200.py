@@ -108,6 +108,15 @@ def _ints(s:str)->list:
     return v
 
 KINDS = ("decode", "prefill", "batch", "profile")
+# (flag dest, the plugin's additional_config key, what it switches): one --x / --no-x flag each, recorded in `settings`
+PLUGIN_KEYS = (
+    ("fuse_kda_proj", FUSE_KDA_PROJ, "the plugin's fused KDA projections"),
+    ("kda_gate_kernel", KDA_GATE_KERNEL, "the KDA low-rank gates of decode batches through chapter 08h's kernels (on since 2026-11-30)"),
+    ("gemv_kernel", GEMV_KERNEL, "small-batch dense projections, router and LM head through chapter 08i's kernels (on since 2026-11-30)"),
+    ("kda_decode_kernel", KDA_DECODE_KERNEL, "KDA decode steps (conv, gate, delta rule, o_norm) through chapter 08j's one kernel (on since 2026-11-30)"),
+    ("router_kernel", ROUTER_KERNEL, "MoE routing of decode batches (logits, top-8, weights) through chapter 08k's one kernel (on)"),
+    ("moe_pairs", MOE_PAIRS, "08k's routing kernel writes the activation pairs 08f's half2 gate/up loads, with --moe-backend emulation (off)"),
+)
 
 def _env_pair(s:str)->tuple:
     k, sep, v = s.partition("=")
@@ -159,24 +168,9 @@ def build_parser()->argparse.ArgumentParser:
                     help="graphs phase: vllm = vLLM's default torch.compile + FULL_AND_PIECEWISE graphs; "
                          "none = no torch.compile, FULL_DECODE_ONLY graphs (faster start)")
     ap.add_argument("--moe-backend", default="auto", help="vLLM --moe-backend (auto: let vLLM choose and record it)")
-    ap.add_argument("--fuse-kda-proj", action=argparse.BooleanOptionalAction, default=None,
-                    help="set the plugin's fused KDA projections on or off (additional_config solar_open2_fuse_kda_proj); "
-                         "default: the plugin's default")
-    ap.add_argument("--kda-gate-kernel", action=argparse.BooleanOptionalAction, default=None,
-                    help="the KDA low-rank gates of decode batches through chapter 08h's kernels (additional_config "
-                         "solar_open2_kda_gate_kernel); default: the plugin's default (on since 2026-11-30)")
-    ap.add_argument("--gemv-kernel", action=argparse.BooleanOptionalAction, default=None,
-                    help="small-batch dense projections, router and LM head through chapter 08i's kernels (additional_config "
-                         "solar_open2_gemv_kernel); default: the plugin's default (on since 2026-11-30)")
-    ap.add_argument("--kda-decode-kernel", action=argparse.BooleanOptionalAction, default=None,
-                    help="KDA decode steps (conv, gate, delta rule, o_norm) through chapter 08j's one kernel (additional_config "
-                         "solar_open2_kda_decode_kernel); default: the plugin's default (on since 2026-11-30)")
-    ap.add_argument("--router-kernel", action=argparse.BooleanOptionalAction, default=None,
-                    help="MoE routing of decode batches (logits, top-8, weights) through chapter 08k's one kernel "
-                         "(additional_config solar_open2_router_kernel); default: the plugin's default (on)")
-    ap.add_argument("--moe-pairs", action=argparse.BooleanOptionalAction, default=None,
-                    help="08k's routing kernel writes the activation pairs that 08f's half2 gate/up loads (additional_config "
-                         "solar_open2_moe_pairs; with --moe-backend emulation); default: the plugin's default (off)")
+    for dest, key, what in PLUGIN_KEYS:                                     # --x / --no-x: additional_config key, else the plugin's default
+        ap.add_argument("--" + dest.replace("_", "-"), action=argparse.BooleanOptionalAction, default=None,
+                        help=f"{what} (additional_config {key}); default: the plugin's default")
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")
@@ -339,9 +333,7 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
               enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
-    ac = {k: v for k, v in ((FUSE_KDA_PROJ, a.fuse_kda_proj), (KDA_GATE_KERNEL, a.kda_gate_kernel),
-                                           (GEMV_KERNEL, a.gemv_kernel), (KDA_DECODE_KERNEL, a.kda_decode_kernel),
-                                           (ROUTER_KERNEL, a.router_kernel), (MOE_PAIRS, a.moe_pairs)) if v is not None}
+    ac = {key: getattr(a, dest) for dest, key, _ in PLUGIN_KEYS if getattr(a, dest) is not None}
     if ac: kw["additional_config"] = ac
     if phase == "eager": kw["enforce_eager"] = True
     else:
@@ -860,9 +852,7 @@ def settings(a, phase:str)->dict:
             "load_format": "dummy", "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
             "enforce_eager": phase == "eager", "compile": None if phase == "eager" else a.compile,
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
-            "moe_backend_requested": a.moe_backend, "fuse_kda_proj": a.fuse_kda_proj, "kda_gate_kernel": a.kda_gate_kernel,
-            "gemv_kernel": a.gemv_kernel, "kda_decode_kernel": a.kda_decode_kernel,
-            "router_kernel": a.router_kernel, "moe_pairs": a.moe_pairs,
+            "moe_backend_requested": a.moe_backend, **{dest: getattr(a, dest) for dest, _, _ in PLUGIN_KEYS},
             "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
             "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
             "env": dict(a.env or []),

@@ -4,7 +4,6 @@
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #a21687d4
 from __future__ import annotations
-import os
 import torch
 import triton                       # the kernel below; callers import this module, `solar_open2` never does
 import triton.language as tl
@@ -12,17 +11,16 @@ import triton.language as tl
 from vllm.logger import init_logger
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopKRouter
 
-from ..nvfp4 import relative_rms
 from . import MOE_PAIRS, ROUTER_KERNEL, plugin_flag
 from .kda_gates import gemv_block
-from .moe_decode import act_pairs_store, check_pairs, pairs_buffers
+from .moe_decode import act_pairs_store, check_pairs, interpreting, pairs_buffers
 
 logger = init_logger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'MIN_KEY', 'ROUTE_MAX_TOKENS', 'ROUTE_TILES', 'ROUTE_CHECK_CASES', 'route_torch', 'moe_route_kernel',
-           'route_tile_for', 'interpreting', 'route_triton', 'self_check', 'tie_check', 'pairs_emit_check',
-           'moe_pairs_enabled', 'router_kernel_enabled', 'SolarMoERouter', 'RouterGate']
+           'route_tile_for', 'route_triton', 'self_check', 'tie_check', 'pairs_emit_check', 'moe_pairs_enabled',
+           'router_kernel_enabled', 'SolarMoERouter', 'RouterGate']
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #6665c0a2
 def _check(x:torch.Tensor, w:torch.Tensor, bias:torch.Tensor, top_k:int)->tuple:
@@ -104,8 +102,6 @@ def route_tile_for(T:int)->tuple:
     "The launch parameters for `T` tokens: the first row of `ROUTE_TILES` that covers them, else the last."
     return next((t for m, t in ROUTE_TILES if T <= m), ROUTE_TILES[-1][1])
 
-def interpreting()->bool: return os.environ.get("TRITON_INTERPRET") == "1"
-
 def route_triton(x:torch.Tensor, # [T, K] hidden states (bf16, fp16 or fp32), unit inner stride
                  w:torch.Tensor, # [E, K] router weight, contiguous
                  bias:torch.Tensor, # [E] e_score_correction_bias
@@ -133,7 +129,7 @@ def route_triton(x:torch.Tensor, # [T, K] hidden states (bf16, fp16 or fp32), un
         x, w, bias.float().contiguous(), logits, counter, wts, ids, T, E, K, x.stride(0), w.stride(0), float(scale),
         TOP_K=top_k, RENORM=renormalize, BLOCK_T=triton.next_power_of_2(T), BLOCK_N=bn, BLOCK_K=bk, NUM_STAGES=ns,
         BLOCK_E=triton.next_power_of_2(E), PAIRS=pairs_out is not None,
-        PAIR_B=triton.next_power_of_2(triton.cdiv(T * (K // 16), grid)), ASM=not interpreting(),
+        PAIR_B=1 if pairs_out is None else triton.next_power_of_2(triton.cdiv(T * (K // 16), grid)), ASM=not interpreting(),
         p_ptr=None if pairs_out is None else pairs_out[0], v_ptr=None if pairs_out is None else pairs_out[1], num_warps=nw)
     return wts, ids
 
