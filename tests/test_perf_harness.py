@@ -146,6 +146,10 @@ def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     pairs = ph.parse_args(["--phase", "graphs", "--moe-pairs"])
     assert ph.engine_kwargs(pairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_moe_pairs": True}
     assert ph.settings(pairs, "graphs")["moe_pairs"] is True and ph.settings(off, "graphs")["moe_pairs"] is None
+    gates = ph.parse_args(["--phase", "graphs", "--kda-decode-gates", "--moe-pairs"])
+    assert ph.engine_kwargs(gates, str(tmp_path), "graphs")["additional_config"] == {
+        "solar_open2_moe_pairs": True, "solar_open2_kda_decode_gates": True}
+    assert ph.settings(gates, "graphs")["kda_decode_gates"] is True and ph.settings(pairs, "graphs")["kda_decode_gates"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])

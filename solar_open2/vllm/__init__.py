@@ -8,8 +8,9 @@ import logging
 
 # %% auto #0
 __all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'KDA_DECODE_OP_NAME', 'KDA_DECODE_OP',
-           'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL', 'GEMV_KERNEL', 'KDA_DECODE_KERNEL', 'ROUTER_KERNEL', 'MOE_PAIRS',
-           'GEMV_PROBE', 'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE', 'plugin_flag', 'register']
+           'KDA_DECODE_LR_OP_NAME', 'KDA_DECODE_LR_OP', 'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL', 'GEMV_KERNEL',
+           'KDA_DECODE_KERNEL', 'ROUTER_KERNEL', 'MOE_PAIRS', 'KDA_DECODE_GATES', 'GEMV_PROBE', 'VLLM_VERSION',
+           'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE', 'plugin_flag', 'register']
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #b8ef2976
 log = logging.getLogger("solar_open2.vllm")
@@ -21,12 +22,15 @@ KDA_OP_NAME = "solar_open2_kda_attention"                     # our custom op, r
 KDA_OP = "vllm::" + KDA_OP_NAME                               # the name CompilationConfig splits graphs at
 KDA_DECODE_OP_NAME = "solar_open2_kda_decode"                 # 08j's op: a KDA decode step and o_norm in one kernel
 KDA_DECODE_OP = "vllm::" + KDA_DECODE_OP_NAME                 # a splitting op as well
+KDA_DECODE_LR_OP_NAME = "solar_open2_kda_decode_lr"           # 08j's second op: the same step from the low-rank gates' first half and beta's logits
+KDA_DECODE_LR_OP = "vllm::" + KDA_DECODE_LR_OP_NAME           # a splitting op as well
 FUSE_KDA_PROJ = "solar_open2_fuse_kda_proj"                   # additional_config key: fused KDA projections (default on)
 KDA_GATE_KERNEL = "solar_open2_kda_gate_kernel"               # additional_config key: low-rank gates through 08h's kernels (default on)
 GEMV_KERNEL = "solar_open2_gemv_kernel"                       # additional_config key: small-batch dense projections through 08i's kernels (default on)
 KDA_DECODE_KERNEL = "solar_open2_kda_decode_kernel"           # additional_config key: KDA decode steps through 08j's kernel (default on)
 ROUTER_KERNEL = "solar_open2_router_kernel"                   # additional_config key: decode batches' MoE routing through 08k's kernel (default on)
 MOE_PAIRS = "solar_open2_moe_pairs"                           # additional_config key: 08k's kernel writes the activation pairs 08f's gate/up reads (default off)
+KDA_DECODE_GATES = "solar_open2_kda_decode_gates"             # additional_config key: 08j's kernel also runs the gates' up-projections and beta, 08i one launch for qkvb + fg_a (default off)
 GEMV_PROBE = "solar_open2_gemv_probe"                         # additional_config key, parity runs only: every unquantized shape through 08i's FMA kernel
 VLLM_VERSION = "0.25.1"                                       # the engine this plugin is written against
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`
@@ -61,7 +65,7 @@ def _register_model()->None:
 
 def _register_splitting_op()->None:
     from vllm.config.compilation import CompilationConfig
-    for op in (KDA_OP, KDA_DECODE_OP):
+    for op in (KDA_OP, KDA_DECODE_OP, KDA_DECODE_LR_OP):
         if op not in CompilationConfig._attention_ops: CompilationConfig._attention_ops.append(op)
 
 def _register_parsers()->None:

@@ -20,10 +20,12 @@ from . import GEMV_KERNEL, GEMV_PROBE, plugin_flag
 from .kda_gates import MAX_TOKENS, gemv_block
 
 # %% auto #0
-__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'GEMV_ARCHS', 'PROBE_ROW', 'gemv_torch',
-           'gemv_fma_kernel', 'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv',
-           'GemvLinearMethod', 'GemvEmbeddingMethod', 'measured_arch', 'use_gemv_kernels', 'gemv_kernel_enabled',
-           'probe_table', 'use_probe_tables', 'gemv_probe_enabled']
+__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'PAIR_CHECK_CASES', 'PAIR_TILES',
+           'GEMV_PAIR_OP_NAME', 'GEMV_ARCHS', 'PROBE_ROW', 'gemv_torch', 'gemv_fma_kernel', 'gemv_mma_block',
+           'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv', 'gemv_pair_kernel',
+           'gemv_pair_triton', 'pair_check', 'gemv_pair_plan', 'gemv_pair', 'GemvLinearMethod', 'GemvEmbeddingMethod',
+           'measured_arch', 'use_gemv_kernels', 'gemv_kernel_enabled', 'probe_table', 'use_probe_tables',
+           'gemv_probe_enabled']
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00006
 def _check(x:torch.Tensor, w:torch.Tensor)->tuple:
@@ -51,11 +53,11 @@ def gemv_fma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_y
                BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
 
 @triton.jit
-def gemv_mma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt,
-                    BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
-                    IEEE:tl.constexpr, UPCAST:tl.constexpr):
-    "y[T, rows] = x[T, K] · W[rows, K]^T for this program's `BLOCK_N` rows: tokens padded to 16, fp32 accumulation."
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)                  # [BN]
+def gemv_mma_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid,
+                   BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
+                   IEEE:tl.constexpr, UPCAST:tl.constexpr):
+    "y[T, rows] = x[T, K] · W[rows, K]^T for program `pid`'s `BLOCK_N` rows: tokens padded to 16, fp32 accumulation."
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)                              # [BN]
     ts = tl.arange(0, 16)                                                     # [16]: T tokens, the rest masked
     ks = tl.arange(0, BLOCK_K)                                                # [BK]
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
@@ -68,6 +70,14 @@ def gemv_mma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_y
         else: acc += tl.dot(x, tl.trans(w))
     tl.store(y_ptr + ts[:, None] * stride_yt + rows[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(ts[:, None] < T) & (rows[None, :] < N))
+
+@triton.jit
+def gemv_mma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt,
+                    BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
+                    IEEE:tl.constexpr, UPCAST:tl.constexpr):
+    "`gemv_mma_block` as a kernel: one program per `BLOCK_N` rows."
+    gemv_mma_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, tl.program_id(0),
+                   BLOCK_N, BLOCK_K, NUM_STAGES, IEEE, UPCAST)
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a0000b
 KINDS = ("fma", "mma")
@@ -165,6 +175,122 @@ def _gemv_op_fake(x:torch.Tensor, w:torch.Tensor)->torch.Tensor: return x.new_em
 
 if not hasattr(torch.ops.vllm, GEMV_OP_NAME):
     direct_register_custom_op(op_name=GEMV_OP_NAME, op_func=_gemv_op, mutates_args=[], fake_impl=_gemv_op_fake)
+
+# %% ../../nbs/08i_vllm_gemv.ipynb #55a0265f
+@triton.jit
+def gemv_pair_kernel(x_ptr, w0_ptr, y0_ptr, w1_ptr, y1_ptr, T, N0, N1, K, stride_xt, stride_w0n, stride_y0t,
+                     stride_w1n, stride_y1t, NB0, BLOCK_T:tl.constexpr, IEEE:tl.constexpr, UPCAST:tl.constexpr,
+                     MMA0:tl.constexpr, BLOCK_N0:tl.constexpr, BLOCK_K0:tl.constexpr, STAGES0:tl.constexpr,
+                     MMA1:tl.constexpr, BLOCK_N1:tl.constexpr, BLOCK_K1:tl.constexpr, STAGES1:tl.constexpr):
+    "Programs [0, NB0): y0 = x · W0^T by `BLOCK_N0`-row blocks; programs from NB0: y1 = x · W1^T by `BLOCK_N1`-row blocks."
+    pid = tl.program_id(0)
+    if pid < NB0:
+        if MMA0: gemv_mma_block(x_ptr, w0_ptr, y0_ptr, T, N0, K, stride_xt, stride_w0n, stride_y0t, pid,
+                                BLOCK_N0, BLOCK_K0, STAGES0, IEEE, UPCAST)
+        else: gemv_block(x_ptr, w0_ptr, y0_ptr, T, N0, K, stride_xt, stride_w0n, stride_y0t, pid,
+                         BLOCK_T, BLOCK_N0, BLOCK_K0, STAGES0)
+    else:
+        if MMA1: gemv_mma_block(x_ptr, w1_ptr, y1_ptr, T, N1, K, stride_xt, stride_w1n, stride_y1t, pid - NB0,
+                                BLOCK_N1, BLOCK_K1, STAGES1, IEEE, UPCAST)
+        else: gemv_block(x_ptr, w1_ptr, y1_ptr, T, N1, K, stride_xt, stride_w1n, stride_y1t, pid - NB0,
+                         BLOCK_T, BLOCK_N1, BLOCK_K1, STAGES1)
+
+def _block_k(bk:int, K:int, mma:bool)->int:
+    "The K step a tile asks for, capped at K's next power of two (at least 16 for `tl.dot`)."
+    return min(bk, max(16, triton.next_power_of_2(K))) if mma else min(bk, triton.next_power_of_2(K))
+
+def gemv_pair_triton(x:torch.Tensor, # [T, K], unit stride along K
+                     w0:torch.Tensor, # [N0, K]
+                     w1:torch.Tensor, # [N1, K]
+                     kind:str, tile:tuple, # W0's, as `gemv_triton`'s; its warp count is the launch's
+                     kind1:str|None=None, tile1:tuple|None=None, # W1's (BLOCK_N, BLOCK_K[, num_stages]); default W0's
+                    )->tuple: # y0 [T, N0], y1 [T, N1], x's dtype
+    "`(gemv_torch(x, w0), gemv_torch(x, w1))` through one launch of `gemv_pair_kernel`."
+    T, N0, K = _check(x, w0)
+    _, N1, _ = _check(x, w1)
+    kind1 = kind if kind1 is None else kind1
+    for k in (kind, kind1):
+        if k not in KINDS: raise ValueError(f"kind must be one of {KINDS}, got {k!r}")
+    limit = min(MAX_TOKENS if k == "fma" else MMA_TOKENS for k in (kind, kind1))
+    if T > limit: raise ValueError(f"gemv_pair_triton ({kind}, {kind1}) takes at most {limit} tokens, got {T}")
+    for n, t in (("x", x), ("w0", w0), ("w1", w1)):
+        if t.stride(-1) != 1: raise ValueError(f"{n} must have unit stride in its last dimension")
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("gemv_pair_triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
+    y0, y1 = torch.empty(T, N0, dtype=x.dtype, device=x.device), torch.empty(T, N1, dtype=x.dtype, device=x.device)
+    if T == 0: return y0, y1
+    bn, bk, nw, ns = (tuple(tile) + (1,))[:4]
+    t1 = tuple(tile[:2]) + tuple(tile[3:]) if tile1 is None else tuple(tile1)
+    bn1, bk1, ns1 = (t1 + (1,))[:3]
+    nb0, mma0, mma1 = triton.cdiv(N0, bn), kind == "mma", kind1 == "mma"
+    gemv_pair_kernel[(nb0 + triton.cdiv(N1, bn1),)](x, w0, y0, w1, y1, T, N0, N1, K, x.stride(0), w0.stride(0),
+        y0.stride(0), w1.stride(0), y1.stride(0), nb0, BLOCK_T=max(1, triton.next_power_of_2(T)),
+        IEEE=w0.dtype == torch.float32, UPCAST=not x.is_cuda, MMA0=mma0, BLOCK_N0=bn, BLOCK_K0=_block_k(bk, K, mma0),
+        STAGES0=ns, MMA1=mma1, BLOCK_N1=bn1, BLOCK_K1=_block_k(bk1, K, mma1), STAGES1=ns1, num_warps=nw)
+    return y0, y1
+
+PAIR_CHECK_CASES = (   # (T, N0, N1, K, kind, tile, kind1, tile1)
+    (1, 48, 16, 80, "fma", (4, 32, 2), None, None),          # K not a multiple of BLOCK_K
+    (3, 33, 10, 64, "fma", (2, 64, 4, 2), None, None),       # neither N a multiple of BLOCK_N; pipelined
+    (8, 20, 7, 40, "fma", (8, 64, 4), None, None),
+    (1, 40, 24, 96, "mma", (16, 32, 4, 2), None, None),
+    (5, 70, 9, 130, "mma", (32, 64, 4, 3), None, None),      # N1 smaller than one block
+    (2, 70, 9, 130, "mma", (32, 64, 4, 3), "fma", (1, 128)), # W1 on the FMA body, one row a program
+)
+
+def pair_check(cases=PAIR_CHECK_CASES, dtypes=("float32", "bfloat16"), seed:int=0, rolled:bool=False)->list:
+    """Per case and dtype, the relative RMS of each of `gemv_pair_triton`'s outputs against `gemv_triton` with the
+    same tile (`rel_rms` [y0, y1]). `rolled`: the kernel is given both weights' rows rolled by one, a broken kernel."""
+    out = []
+    for i, (T, N0, N1, K, kind, tile, kind1, tile1) in enumerate(cases):
+        for dn in dtypes:
+            dt, g = getattr(torch, dn), torch.Generator().manual_seed(seed + i)
+            x, w0, w1 = (torch.randn(*s, generator=g).to(dt) for s in ((T, K), (N0, K), (N1, K)))
+            roll = (lambda w: w.roll(1, 0).contiguous()) if rolled else (lambda w: w)
+            got = gemv_pair_triton(x, roll(w0), roll(w1), kind, tile, kind1, tile1)
+            t1 = tile if tile1 is None else tuple(tile1[:2]) + (tile[2],) + tuple(tile1[2:])   # W1's tile at the launch's warps
+            ref = (gemv_triton(x, w0, kind, tile), gemv_triton(x, w1, kind1 or kind, t1))
+            out.append({"case": [T, N0, N1, K], "kind": [kind, kind1 or kind], "dtype": dn,
+                        "rel_rms": [relative_rms(a.double(), b.double()) for a, b in zip(got, ref)]})
+    return out
+
+# %% ../../nbs/08i_vllm_gemv.ipynb #afc9561c
+# (N0, N1, K, weight dtype) -> ((max tokens, W0's kind, W0's tile, W1's kind, W1's tile), ...): one launch over two
+# weights, W1's tile without a warp count (the launch's is W0's); benchmarks/kda_inproj_h200.py on one H200
+PAIR_TILES = {
+    (12320, 256, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3), "fma", (4, 2048, 2)),),   # kda.qkvb_proj + kda.fg_a_proj: 27.1 µs at 1 token
+}
+GEMV_PAIR_OP_NAME = "solar_open2_gemv_pair"
+
+def gemv_pair_plan(T:int, N0:int, N1:int, K:int, dtype:torch.dtype, pairs:dict|None=None, table:dict|None=None)->tuple|None:
+    "(kind, tile, kind1, tile1) of one launch for `T` tokens through [N0, K] and [N1, K] weights, or None: `gemv` twice."
+    dn = str(dtype).removeprefix("torch.")
+    rows = (PAIR_TILES if pairs is None else pairs).get((N0, N1, K, dn), ())
+    plan = next((tuple(r[1:]) for r in rows if 1 <= T <= r[0]), None)
+    if plan is not None: return plan
+    p0 = gemv_plan(T, N0, K, dtype, table)
+    return (*p0, None, None) if p0 is not None and p0 == gemv_plan(T, N1, K, dtype, table) else None
+
+def gemv_pair(x:torch.Tensor, # [T, K]
+              w0:torch.Tensor, # [N0, K]
+              w1:torch.Tensor, # [N1, K]
+             )->tuple: # x · w0^T [T, N0], x · w1^T [T, N1]
+    "Both products: one launch when `gemv_pair_plan` has a plan for this CUDA batch, else `gemv` twice."
+    plan = None
+    if x.is_cuda and x.dim() == 2 and x.dtype == w0.dtype == w1.dtype and w0.shape[1] == w1.shape[1] \
+            and x.stride(-1) == 1 and w0.stride(-1) == 1 and w1.stride(-1) == 1:
+        plan = gemv_pair_plan(x.shape[0], w0.shape[0], w1.shape[0], w0.shape[1], w0.dtype)
+    if plan is None: return gemv(x, w0), gemv(x, w1)
+    return gemv_pair_triton(x, w0, w1, *plan)
+
+def _gemv_pair_op(x:torch.Tensor, w0:torch.Tensor, w1:torch.Tensor)->tuple[torch.Tensor, torch.Tensor]:
+    return gemv_pair(x, w0, w1)
+
+def _gemv_pair_op_fake(x:torch.Tensor, w0:torch.Tensor, w1:torch.Tensor)->tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape[0], w0.shape[0]), x.new_empty(x.shape[0], w1.shape[0])
+
+if not hasattr(torch.ops.vllm, GEMV_PAIR_OP_NAME):
+    direct_register_custom_op(op_name=GEMV_PAIR_OP_NAME, op_func=_gemv_pair_op, mutates_args=[], fake_impl=_gemv_pair_op_fake)
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00019
 def _use_op(x:torch.Tensor, bias:torch.Tensor|None)->bool:

@@ -30,7 +30,9 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from ..config import SolarOpen2Config
 from . import FUSE_KDA_PROJ, KDA_OP_NAME, plugin_flag
 from .kda_gates import gate_kernel_applies, kda_gate_kernel_enabled   # chapter 08h (registers its op)
-from .kda_decode import decode_kernel_applies, kda_decode_kernel_enabled   # chapter 08j (registers its op)
+from .kda_decode import (decode_gates_applies, decode_kernel_applies, kda_decode_gates_enabled,
+                                         kda_decode_kernel_enabled)   # chapter 08j (registers its ops)
+from .gemv import GemvLinearMethod, _use_op                 # chapter 08i (registers its ops)
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
 # %% auto #0
@@ -273,6 +275,8 @@ class SolarOpen2KDA(nn.Module, MambaBase):
                             and gate_kernel_applies(self))
         # chapter 08j: a decode batch's conv, gate, delta rule and o_norm in one kernel (default on, CUDA)
         self.decode_kernel = kda_decode_kernel_enabled(vllm_config) and decode_kernel_applies(self)
+        # chapter 08j's gates mode: qkvb_proj + fg_a_proj in one GEMV, the gates' up-projections and beta in the kernel (default off)
+        self.decode_gates = kda_decode_gates_enabled(vllm_config) and decode_gates_applies(self)
         # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's
         self.qkv_conv1d = MergedColumnParallelLinear(K, [P, P, P], bias=False, params_dtype=torch.float32,
                                                      prefix=f"{prefix}.qkv_conv1d")
@@ -319,11 +323,23 @@ def _fused_inputs(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
     fa, ga = self.fg_a_proj(x)[0].split([D, D], -1)                           # [T, 2·D] -> [T, D], [T, D]
     return qkv, self.f_b_proj(fa)[0], b, self.g_b_proj(ga)[0]                # g1, g2: [T, Pl] each
 
+def _in_proj(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
+    "`qkvb_proj(x)` [T, 3·Pl+Hl] and `fg_a_proj(x)` [T, 2·D]: one launch (08i's pair op) when both layers have the GEMV method."
+    if all(type(m.quant_method) is GemvLinearMethod for m in (self.qkvb_proj, self.fg_a_proj)) and _use_op(x, None):
+        return torch.ops.vllm.solar_open2_gemv_pair(x, self.qkvb_proj.weight, self.fg_a_proj.weight)
+    return self.qkvb_proj(x)[0], self.fg_a_proj(x)[0]
+
 def _kda_forward(self:SolarOpen2KDA,
                  hidden_states:torch.Tensor, # [T, hidden], the normed layer input
                  positions:torch.Tensor|None=None, # unused (no positions in KDA)
                 )->torch.Tensor: # [T, hidden], o_proj's all-reduced output
     T, Hl, D = hidden_states.shape[0], self.local_heads, self.head_dim
+    if self.decode_gates:                                                     # chapter 08j's gates mode: 3 launches a decode step
+        qkvb, fg = _in_proj(self, hidden_states)                              # [T, 3·Hl·D + Hl], [T, 2·D]
+        qkv, b = qkvb.split([3 * Hl * D, Hl], -1)                             # [T, 3·Hl·D], [T, Hl] (strided views)
+        o = torch.empty(T, Hl, D, dtype=hidden_states.dtype, device=hidden_states.device)
+        torch.ops.vllm.solar_open2_kda_decode_lr(qkv, b, fg, o, self.prefix)
+        return self.o_proj(o.reshape(T, Hl * D))[0]
     if self.fused:
         qkv, g1, b, g2 = _fused_inputs(self, hidden_states)                  # [T, 3*Hl*D] (view), [T, Hl*D], [T, Hl], [T, Hl*D]
         beta, g2 = kda_beta(b, self.allow_neg_eigval), g2.view(T, Hl, D)     # [T, Hl] fp32, [T, Hl, D]

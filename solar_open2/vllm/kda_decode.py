@@ -13,12 +13,14 @@ from vllm.forward_context import get_forward_context
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ..nvfp4 import relative_rms
-from . import KDA_DECODE_KERNEL, KDA_DECODE_OP_NAME, plugin_flag
+import torch.nn.functional as F
+from . import KDA_DECODE_GATES, KDA_DECODE_KERNEL, KDA_DECODE_LR_OP_NAME, KDA_DECODE_OP_NAME, plugin_flag
 
 # %% auto #0
-__all__ = ['NUM_WARPS', 'CHECK_CASES', 'MAX_DECODE_SEQS', 'kda_decode_torch', 'random_case', 'kda_decode_kernel',
-           'kda_decode_triton', 'self_check', 'kda_decode_kernel_enabled', 'decode_kernel_applies',
-           'kda_decode_forward']
+__all__ = ['NUM_WARPS', 'CHECK_CASES', 'MAX_DECODE_SEQS', 'LR_CHECK_CASES', 'kda_decode_torch', 'random_case',
+           'kda_decode_kernel', 'kda_decode_triton', 'self_check', 'kda_decode_kernel_enabled', 'decode_kernel_applies',
+           'decode_batch', 'kda_decode_forward', 'kda_decode_lr_torch', 'random_lr_case', 'kda_decode_lr_triton',
+           'lr_check', 'kda_decode_gates_enabled', 'decode_gates_applies', 'kda_decode_lr_forward']
 
 # %% ../../nbs/08j_vllm_kda_decode.ipynb #e1a00007
 def _check(qkv, conv_state, conv_w, g1, beta, g2, rec_state, idx)->tuple:
@@ -104,11 +106,25 @@ def _shift_state(cs_ptr, slot, ch, x, ok, stride_cs_slot, stride_cs_dim, stride_
     tl.store(cs + (W - 2) * stride_cs_tap, x.to(cs_ptr.dtype.element_ty), mask=ok)
 
 @triton.jit
+def _up_gate(fg_ptr, wb_ptr, t, h, d, ok, stride_fg, stride_wb, off, D:tl.constexpr, R:tl.constexpr, BLOCK_R:tl.constexpr):
+    "Head `h`'s `D` values of a low-rank gate's up-projection, fg[t, off:off+R] · Wb[h·D + d, :R]^T: fp32 sums, rounded like the module's output."
+    acc = tl.zeros([D], dtype=tl.float32)
+    for r0 in tl.static_range(0, R, BLOCK_R):
+        rr = r0 + tl.arange(0, BLOCK_R)                                        # [BR]
+        a = tl.load(fg_ptr + t * stride_fg + off + rr, mask=ok & (rr < R), other=0.0).to(tl.float32)          # [BR]
+        w = tl.load(wb_ptr + (h * D + d)[:, None] * stride_wb + rr[None, :], mask=(rr < R)[None, :], other=0.0)   # [D, BR]
+        acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+    return acc.to(fg_ptr.dtype.element_ty).to(tl.float32)
+
+@triton.jit
 def kda_decode_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, g2_ptr, nw_ptr, h_ptr, idx_ptr, o_ptr,
-                      n, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta, stride_g2,
-                      stride_h_slot, stride_h_head, stride_h_v, stride_o, scale, eps,
-                      D:tl.constexpr, W:tl.constexpr):
-    "Grid (T, Hl): conv, gate, delta rule and gated RMSNorm of token `t` (one sequence) and head `h`."
+                      wfb_ptr, wgb_ptr, n, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1,
+                      stride_beta, stride_g2, stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_wb, scale, eps,
+                      D:tl.constexpr, W:tl.constexpr, LOW_RANK:tl.constexpr, R:tl.constexpr, BLOCK_R:tl.constexpr,
+                      RAW_BETA:tl.constexpr, NEG_EIGVAL:tl.constexpr):
+    """Grid (T, Hl): conv, gate, delta rule and gated RMSNorm of token `t` (one sequence) and head `h`. `LOW_RANK`: g1_ptr
+    is fg = [fa | ga] ([T, 2R]) and the gates' up-projections (wfb, wgb [P, R]) run here. `RAW_BETA`: beta_ptr holds the
+    logits b, and beta = 2·sigmoid(b) (`NEG_EIGVAL`) or sigmoid(b) here."""
     t, h = tl.program_id(0), tl.program_id(1)
     slot = tl.load(idx_ptr + t, mask=t < n, other=0)
     ok = (t < n) & (slot > 0)                                                  # padding rows and the null block: zeros
@@ -123,16 +139,22 @@ def kda_decode_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
     _shift_state(cs_ptr, slot, cv, xv, ok, stride_cs_slot, stride_cs_dim, stride_cs_tap, W)
     q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale                              # l2norm, then D^-1/2
     k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-    a = tl.load(g1_ptr + t * stride_g1 + h * D + d, mask=ok, other=0.0).to(tl.float32) + tl.load(dtb_ptr + h * D + d)
+    if LOW_RANK: a = _up_gate(g1_ptr, wfb_ptr, t, h, d, ok, stride_g1, stride_wb, 0, D, R, BLOCK_R)
+    else: a = tl.load(g1_ptr + t * stride_g1 + h * D + d, mask=ok, other=0.0).to(tl.float32)
+    a = a + tl.load(dtb_ptr + h * D + d)
     g = -tl.exp(tl.load(alog_ptr + h)) * tl.where(a <= 20.0, tl.log(1.0 + tl.exp(a)), a)     # [D] -exp(A)·softplus
-    beta = tl.load(beta_ptr + t * stride_beta + h, mask=ok, other=0.0)
+    beta = tl.load(beta_ptr + t * stride_beta + h, mask=ok, other=0.0).to(tl.float32)
+    if RAW_BETA:
+        beta = 1.0 / (1.0 + tl.exp(-beta))                                     # fp32, as `kda_beta`
+        if NEG_EIGVAL: beta = beta * 2.0
     hp = h_ptr + slot * stride_h_slot + h * stride_h_head + d[:, None] * stride_h_v + d[None, :]   # [V, K] pointers
     S = tl.load(hp, mask=ok, other=0.0) * tl.exp(g)[None, :]                  # decay each key channel
     S = S + (beta * (v - tl.sum(S * k[None, :], axis=1)))[:, None] * k[None, :]   # delta write: β (v - S k) kᵀ
     tl.store(hp, S, mask=ok)
     o = tl.sum(S * q[None, :], axis=1)                                         # [V], read after the write
     o = o.to(o_ptr.dtype.element_ty).to(tl.float32)                            # the unfused path stores o, then norms it
-    g2 = tl.load(g2_ptr + t * stride_g2 + h * D + d, mask=ok, other=0.0).to(tl.float32)
+    if LOW_RANK: g2 = _up_gate(g1_ptr, wgb_ptr, t, h, d, ok, stride_g1, stride_wb, R, D, R, BLOCK_R)   # after S is dead
+    else: g2 = tl.load(g2_ptr + t * stride_g2 + h * D + d, mask=ok, other=0.0).to(tl.float32)
     y = o * tl.rsqrt(tl.sum(o * o) / D + eps) * tl.load(nw_ptr + d).to(tl.float32) / (1.0 + tl.exp(-g2))
     tl.store(o_ptr + t * stride_o + h * D + d, tl.where(ok, y, 0.0).to(o_ptr.dtype.element_ty))
 
@@ -154,9 +176,10 @@ def kda_decode_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, nor
     if tuple(out.shape) != (T, Hl, D) or not out.is_contiguous(): raise ValueError(f"out must be a contiguous [{T}, {Hl}, {D}]")
     cw = conv_w.reshape(3 * Hl * D, W).contiguous()                              # [3·P, 1, W] -> [3·P, W]
     kda_decode_kernel[(T, Hl)](qkv, conv_state, cw, g1, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), beta, g2,
-        norm_w.contiguous(), rec_state, idx, out, idx.shape[0], Hl * D, qkv.stride(0), conv_state.stride(0),
+        norm_w.contiguous(), rec_state, idx, out, g1, g1, idx.shape[0], Hl * D, qkv.stride(0), conv_state.stride(0),
         conv_state.stride(1), conv_state.stride(2), g1.stride(0), beta.stride(0), g2.stride(0), rec_state.stride(0),
-        rec_state.stride(1), rec_state.stride(2), out.stride(0), D ** -0.5, eps, D=D, W=W, num_warps=num_warps)
+        rec_state.stride(1), rec_state.stride(2), out.stride(0), 0, D ** -0.5, eps, D=D, W=W, LOW_RANK=False, R=1,
+        BLOCK_R=1, RAW_BETA=False, NEG_EIGVAL=False, num_warps=num_warps)
     return out
 
 # %% ../../nbs/08j_vllm_kda_decode.ipynb #e1a0000f
@@ -201,6 +224,15 @@ def decode_kernel_applies(layer:torch.nn.Module)->bool:
     from vllm.platforms import current_platform
     return current_platform.is_cuda_alike()
 
+def decode_batch(layer)->int:
+    "The rows of this step's KDA decode batch if the kernel takes it (at most `MAX_DECODE_SEQS` one-token decodes, no prefill, no speculation), else 0."
+    md_all = get_forward_context().attn_metadata
+    md = None if md_all is None else md_all[layer.prefix]
+    if md is not None and md.num_prefills == 0 and not md.num_spec_decodes and md.spec_state_indices_tensor is None \
+            and 0 < md.num_actual_tokens <= MAX_DECODE_SEQS:
+        return md.num_actual_tokens
+    return 0
+
 def kda_decode_forward(layer, # a `SolarOpen2KDA`
                        qkv:torch.Tensor, # [T, 3·Hl·D] pre-conv q | k | v (row view)
                        g1:torch.Tensor, # [T, Hl·D] raw forget gate
@@ -209,15 +241,13 @@ def kda_decode_forward(layer, # a `SolarOpen2KDA`
                        out:torch.Tensor, # [T, Hl, D], written: o_norm's output
                       )->None:
     "The op's body: the kernel for a batch of at most `MAX_DECODE_SEQS` one-token decodes, else 08d's op body and `o_norm`."
-    md_all = get_forward_context().attn_metadata
-    md = None if md_all is None else md_all[layer.prefix]
-    if md is not None and md.num_prefills == 0 and not md.num_spec_decodes and md.spec_state_indices_tensor is None \
-            and 0 < md.num_actual_tokens <= MAX_DECODE_SEQS:
-        n, T = md.num_actual_tokens, qkv.shape[0]
+    n = decode_batch(layer)
+    if n:
+        T = qkv.shape[0]
         conv_state, rec_state = layer.conv_states()                              # [slots, 3·Hl·D, W-1], [slots, Hl, D, D]
         kda_decode_triton(qkv, conv_state, layer.qkv_conv1d.weight, g1, layer.A_log, layer.dt_bias, beta,
                           g2.reshape(T, -1), layer.o_norm.weight, layer.o_norm.eps, rec_state,
-                          md.non_spec_state_indices_tensor[:n], out=out)
+                          get_forward_context().attn_metadata[layer.prefix].non_spec_state_indices_tensor[:n], out=out)
         return
     core = torch.zeros_like(out)                                              # [T, Hl, D]
     layer._forward(qkv, g1, beta, core)
@@ -231,3 +261,131 @@ def _decode_op_fake(qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, g2:tor
 
 if not hasattr(torch.ops.vllm, KDA_DECODE_OP_NAME):
     direct_register_custom_op(op_name=KDA_DECODE_OP_NAME, op_func=_decode_op, mutates_args=["out"], fake_impl=_decode_op_fake)
+
+# %% ../../nbs/08j_vllm_kda_decode.ipynb #8c3a044a
+def _check_lr(qkv, b, fg, wfb, wgb, conv_state, conv_w, rec_state, idx)->tuple:
+    "(T, Hl, D, W, R) of a decode step from the gates' first half, with a message naming the argument that does not fit."
+    if rec_state.dim() != 4: raise ValueError(f"rec_state must be [slots, Hl, D, D], got {list(rec_state.shape)}")
+    Hl, D, T = rec_state.shape[1], rec_state.shape[2], qkv.shape[0]
+    if wfb.dim() != 2 or wfb.shape[0] != Hl * D: raise ValueError(f"wfb (f_b_proj.weight) must be [{Hl * D}, R], got {list(wfb.shape)}")
+    R = wfb.shape[1]
+    if wgb.shape != wfb.shape: raise ValueError(f"wgb (g_b_proj.weight) must be {list(wfb.shape)} like wfb, got {list(wgb.shape)}")
+    if tuple(fg.shape) != (T, 2 * R): raise ValueError(f"fg must be [{T}, {2 * R}] (fa | ga), got {list(fg.shape)}")
+    if tuple(b.shape) != (T, Hl): raise ValueError(f"b must be [{T}, {Hl}] (beta logits), got {list(b.shape)}")
+    meta = lambda *s: torch.empty(*s, device="meta")                          # shapes only: the gates are made later
+    T, Hl, D, W = _check(qkv, conv_state, conv_w, meta(T, Hl * D), meta(T, Hl), meta(T, Hl * D), rec_state, idx)
+    return T, Hl, D, W, R
+
+def kda_decode_lr_torch(qkv:torch.Tensor, # [T, 3·P] pre-conv q | k | v
+                        b:torch.Tensor, # [T, Hl] beta logits (qkvb_proj's last block)
+                        fg:torch.Tensor, # [T, 2R] fg_a_proj's output: fa | ga
+                        wfb:torch.Tensor, # [P, R] f_b_proj.weight
+                        wgb:torch.Tensor, # [P, R] g_b_proj.weight
+                        conv_state, conv_w, A_log, dt_bias, norm_w, eps:float, rec_state, idx, # as `kda_decode_torch`'s
+                        neg_eigval:bool=True, # beta = 2·sigmoid(b) (Solar) or sigmoid(b)
+                        out:torch.Tensor|None=None)->torch.Tensor: # [T, Hl, D]
+    "The module path: `f_b_proj`, `g_b_proj` (in the activation dtype), `kda_beta`, then `kda_decode_torch`."
+    from solar_open2.vllm.kda import kda_beta                                 # 08d imports this module
+    T, Hl, D, W, R = _check_lr(qkv, b, fg, wfb, wgb, conv_state, conv_w, rec_state, idx)
+    fa, ga = fg.split([R, R], -1)                                             # [T, 2R] -> [T, R] x2 (views)
+    return kda_decode_torch(qkv, conv_state, conv_w, F.linear(fa, wfb), A_log, dt_bias, kda_beta(b, neg_eigval),
+                            F.linear(ga, wgb), norm_w, eps, rec_state, idx, out)
+
+def random_lr_case(T:int, n:int, Hl:int, D:int, W:int, slots:int, R:int, dtype=torch.float32, seed:int=0, null_row:bool=True)->dict:
+    "Random `kda_decode_lr_torch` arguments: `random_case`'s, with b, fg, wfb and wgb for its gates and beta."
+    c = random_case(T, n, Hl, D, W, slots, dtype, seed, null_row)
+    g = torch.Generator().manual_seed(seed + 1000)
+    r = lambda *s: torch.randn(*s, generator=g)
+    qkvb = torch.cat([c.pop("qkv"), r(T, Hl).to(dtype)], -1)                  # [T, 3P + Hl], as qkvb_proj's output
+    for k in ("g1", "beta", "g2"): c.pop(k)
+    return dict(qkv=qkvb[:, :3 * Hl * D], b=qkvb[:, 3 * Hl * D:], fg=r(T, 2 * R).to(dtype),
+                wfb=(r(Hl * D, R) / R ** 0.5).to(dtype), wgb=(r(Hl * D, R) / R ** 0.5).to(dtype), **c)
+
+# %% ../../nbs/08j_vllm_kda_decode.ipynb #726c0194
+def kda_decode_lr_triton(qkv, b, fg, wfb, wgb, conv_state, conv_w, A_log, dt_bias, norm_w, eps:float, rec_state, idx,
+                         neg_eigval:bool=True, out:torch.Tensor|None=None, num_warps:int=NUM_WARPS, block_r:int=64)->torch.Tensor:
+    "`kda_decode_lr_torch` in one launch (same arguments): `out` [T, Hl, D] in qkv's dtype, states updated in place."
+    T, Hl, D, W, R = _check_lr(qkv, b, fg, wfb, wgb, conv_state, conv_w, rec_state, idx)
+    if D & (D - 1): raise ValueError(f"the head size must be a power of two, got {D}")
+    for name, t_ in (("qkv", qkv), ("b", b), ("fg", fg), ("wfb", wfb), ("wgb", wgb)):
+        if t_.stride(-1) != 1: raise ValueError(f"{name} must have unit stride in its last dimension")
+    if not qkv.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("kda_decode_lr_triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
+    if wfb.stride(0) != wgb.stride(0): raise ValueError("wfb and wgb must have one row stride")
+    if rec_state.dtype != torch.float32 or rec_state.stride(3) != 1 or rec_state.stride(1) != D * D:
+        raise ValueError(f"rec_state must be fp32 with contiguous [D, D] heads, got {rec_state.dtype} strides {rec_state.stride()}")
+    out = torch.empty(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out
+    if tuple(out.shape) != (T, Hl, D) or not out.is_contiguous(): raise ValueError(f"out must be a contiguous [{T}, {Hl}, {D}]")
+    cw = conv_w.reshape(3 * Hl * D, W).contiguous()                              # [3·P, 1, W] -> [3·P, W]
+    br = min(block_r, triton.next_power_of_2(R))
+    kda_decode_kernel[(T, Hl)](qkv, conv_state, cw, fg, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), b, fg,
+        norm_w.contiguous(), rec_state, idx, out, wfb, wgb, idx.shape[0], Hl * D, qkv.stride(0), conv_state.stride(0),
+        conv_state.stride(1), conv_state.stride(2), fg.stride(0), b.stride(0), fg.stride(0), rec_state.stride(0),
+        rec_state.stride(1), rec_state.stride(2), out.stride(0), wfb.stride(0), D ** -0.5, eps, D=D, W=W, LOW_RANK=True,
+        R=R, BLOCK_R=br, RAW_BETA=True, NEG_EIGVAL=neg_eigval, num_warps=num_warps)
+    return out
+
+LR_CHECK_CASES = (   # (T, n, Hl, D, W, slots, R, block_r)
+    (3, 2, 2, 16, 4, 6, 8, 4),       # a padding row, a null-slot row; two reduction steps
+    (5, 5, 3, 32, 4, 8, 24, 16),     # R not a multiple of block_r (masked)
+    (2, 2, 1, 128, 4, 4, 128, 32),   # the real head size and rank
+)
+
+def lr_check(cases=LR_CHECK_CASES, device:str="cpu", dtype:str="float32", seed:int=0, neg_eigval:bool=True,
+             swap_gates:bool=False)->list:
+    "Per case: relative RMS of `kda_decode_lr_triton` against `kda_decode_lr_torch` (output, states). `swap_gates`: wfb and wgb exchanged, a broken kernel."
+    out = []
+    for i, (T, n, Hl, D, W, slots, R, br) in enumerate(cases):
+        c = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in random_lr_case(T, n, Hl, D, W, slots, R, getattr(torch, dtype), seed + i).items()}
+        r = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in c.items()}
+        ref = kda_decode_lr_torch(**r, neg_eigval=neg_eigval)
+        if swap_gates: c["wfb"], c["wgb"] = c["wgb"], c["wfb"]
+        got = kda_decode_lr_triton(**c, neg_eigval=neg_eigval, block_r=br)
+        live = c["idx"][c["idx"] > 0].long()
+        out.append({"case": [T, n, Hl, D, W, slots, R], "dtype": dtype, "out": relative_rms(got.cpu(), ref.cpu()),
+                    "rec_state": relative_rms(c["rec_state"][live].cpu(), r["rec_state"][live].cpu()),
+                    "conv_state": relative_rms(c["conv_state"][live].cpu(), r["conv_state"][live].cpu())})
+    return out
+
+# %% ../../nbs/08j_vllm_kda_decode.ipynb #fe058a9f
+def kda_decode_gates_enabled(vllm_config)->bool:
+    "Whether `solar_open2_kda_decode_gates` is on in vLLM's `additional_config` (default off)."
+    return plugin_flag(vllm_config, KDA_DECODE_GATES, False)
+
+def decode_gates_applies(layer:torch.nn.Module)->bool:
+    "Whether the layer's decode steps can take the gates mode: the kernel in use, fused low-rank gates, unquantized, no bias."
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    mods = [getattr(layer, n, None) for n in ("qkvb_proj", "fg_a_proj", "f_b_proj", "g_b_proj")]
+    return bool(getattr(layer, "decode_kernel", False)) and getattr(layer, "fused", False) and not getattr(layer, "full_proj", True) \
+        and all(m is not None and isinstance(getattr(m, "quant_method", None), UnquantizedLinearMethod)
+                and getattr(m, "bias", None) is None for m in mods)
+
+def kda_decode_lr_forward(layer, # a `SolarOpen2KDA`
+                          qkv:torch.Tensor, # [T, 3·Hl·D] pre-conv q | k | v (row view)
+                          b:torch.Tensor, # [T, Hl] beta logits (row view)
+                          fg:torch.Tensor, # [T, 2·D] fg_a_proj's output: fa | ga
+                          out:torch.Tensor, # [T, Hl, D], written: o_norm's output
+                         )->None:
+    "The third op's body: the kernel in its gates mode for a decode batch, else the layers' up-projections, `kda_beta` and `kda_decode_forward`."
+    from solar_open2.vllm.kda import kda_beta                                 # 08d imports this module
+    n = decode_batch(layer)
+    if n:
+        conv_state, rec_state = layer.conv_states()                              # [slots, 3·Hl·D, W-1], [slots, Hl, D, D]
+        kda_decode_lr_triton(qkv, b, fg, layer.f_b_proj.weight, layer.g_b_proj.weight, conv_state, layer.qkv_conv1d.weight,
+                             layer.A_log, layer.dt_bias, layer.o_norm.weight, layer.o_norm.eps, rec_state,
+                             get_forward_context().attn_metadata[layer.prefix].non_spec_state_indices_tensor[:n],
+                             layer.allow_neg_eigval, out=out)
+        return
+    T, Hl, D = out.shape
+    fa, ga = fg.split([D, D], -1)                                             # [T, 2·D] -> [T, D] x2
+    kda_decode_forward(layer, qkv, layer.f_b_proj(fa)[0], kda_beta(b, layer.allow_neg_eigval),
+                       layer.g_b_proj(ga)[0].view(T, Hl, D), out)
+
+def _decode_lr_op(qkv:torch.Tensor, b:torch.Tensor, fg:torch.Tensor, out:torch.Tensor, layer_name:str)->None:
+    kda_decode_lr_forward(get_forward_context().no_compile_layers[layer_name], qkv, b, fg, out)
+
+def _decode_lr_op_fake(qkv:torch.Tensor, b:torch.Tensor, fg:torch.Tensor, out:torch.Tensor, layer_name:str)->None:
+    return
+
+if not hasattr(torch.ops.vllm, KDA_DECODE_LR_OP_NAME):
+    direct_register_custom_op(op_name=KDA_DECODE_LR_OP_NAME, op_func=_decode_lr_op, mutates_args=["out"], fake_impl=_decode_lr_op_fake)
