@@ -150,6 +150,9 @@ def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     assert ph.engine_kwargs(gates, str(tmp_path), "graphs")["additional_config"] == {
         "solar_open2_moe_pairs": True, "solar_open2_kda_decode_gates": True}
     assert ph.settings(gates, "graphs")["kda_decode_gates"] is True and ph.settings(pairs, "graphs")["kda_decode_gates"] is None
+    nopairs = ph.parse_args(["--phase", "graphs", "--no-gemv-pairs"])          # 08i's pairs, default on: only set when asked
+    assert ph.engine_kwargs(nopairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_pairs": False}
+    assert ph.settings(nopairs, "graphs")["gemv_pairs"] is False and ph.settings(gates, "graphs")["gemv_pairs"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])

@@ -16,7 +16,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ..nvfp4 import relative_rms
-from . import GEMV_KERNEL, GEMV_PROBE, plugin_flag
+from . import GEMV_KERNEL, GEMV_PAIRS, GEMV_PROBE, plugin_flag
 from .kda_gates import MAX_TOKENS, gemv_block
 
 # %% auto #0
@@ -25,7 +25,7 @@ __all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAM
            'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv', 'gemv_pair_kernel',
            'gemv_pair_triton', 'pair_check', 'gemv_pair_plan', 'gemv_pair', 'GemvLinearMethod', 'GemvEmbeddingMethod',
            'measured_arch', 'use_gemv_kernels', 'gemv_kernel_enabled', 'probe_table', 'use_probe_tables',
-           'gemv_probe_enabled']
+           'gemv_probe_enabled', 'use_gemv_pairs', 'gemv_pairs_enabled', 'pair_apply']
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00006
 def _check(x:torch.Tensor, w:torch.Tensor)->tuple:
@@ -258,7 +258,8 @@ def pair_check(cases=PAIR_CHECK_CASES, dtypes=("float32", "bfloat16"), seed:int=
 # (N0, N1, K, weight dtype) -> ((max tokens, W0's kind, W0's tile, W1's kind, W1's tile), ...): one launch over two
 # weights, W1's tile without a warp count (the launch's is W0's); benchmarks/kda_inproj_h200.py on one H200
 PAIR_TILES = {
-    (12320, 256, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3), "fma", (4, 2048, 2)),),   # kda.qkvb_proj + kda.fg_a_proj: 27.1 µs at 1 token
+    (12320, 256, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3), "fma", (4, 2048, 2)),),   # kda.qkvb_proj + kda.fg_a_proj: 26.8 | 29.7 µs at 1 token
+    (5120, 4096, 4096, "bfloat16"): ((8, "mma", (64, 256, 4, 3), "mma", (32, 256, 3)),),    # gqa.qkv_proj + gqa.g_proj:     21.2 | 24.8 µs at 1 token
 }
 GEMV_PAIR_OP_NAME = "solar_open2_gemv_pair"
 
@@ -358,3 +359,38 @@ def use_probe_tables(model:torch.nn.Module)->list:
 def gemv_probe_enabled(vllm_config)->bool:
     "Whether `solar_open2_gemv_probe` is set (default off; it needs `solar_open2_gemv_kernel` too)."
     return plugin_flag(vllm_config, GEMV_PROBE, False)
+
+# %% ../../nbs/08i_vllm_gemv.ipynb #9bf6136a
+def _pair_key(m0, m1)->tuple|None:
+    "(N0, N1, K, dtype name) of two unquantized, bias-free, 2-D linear layers with one K and one dtype, else None."
+    ws = []
+    for m in (m0, m1):
+        if not isinstance(getattr(m, "quant_method", None), UnquantizedLinearMethod) or getattr(m, "bias", None) is not None: return None
+        w = getattr(m, "weight", None)
+        if w is None or w.dim() != 2: return None
+        ws.append(w)
+    if ws[0].shape[1] != ws[1].shape[1] or ws[0].dtype != ws[1].dtype: return None
+    return ws[0].shape[0], ws[1].shape[0], ws[0].shape[1], str(ws[0].dtype).removeprefix("torch.")
+
+def use_gemv_pairs(model:torch.nn.Module, any_arch:bool=False)->list:
+    """Mark every pair a module of `model` names in `gemv_pairs` that `gemv_pair_plan` runs in one launch at one token
+    (`module.gemv_pairs_on`); the marked `name.a+b`. Only on a GPU the tables were measured on, unless `any_arch`."""
+    if not any_arch and not measured_arch(): return []
+    marked = []
+    for name, m in model.named_modules():
+        for a, b in getattr(m, "gemv_pairs", ()):
+            key = _pair_key(getattr(m, a, None), getattr(m, b, None))
+            if key is None or gemv_pair_plan(1, *key[:3], getattr(torch, key[3])) is None: continue
+            m.gemv_pairs_on = getattr(m, "gemv_pairs_on", frozenset()) | {(a, b)}
+            marked.append(f"{name}.{a}+{b}")
+    return marked
+
+def gemv_pairs_enabled(vllm_config)->bool:
+    "Whether `solar_open2_gemv_pairs` is on in vLLM's `additional_config` (default on; it needs `solar_open2_gemv_kernel` too)."
+    return plugin_flag(vllm_config, GEMV_PAIRS, True)
+
+def pair_apply(m:torch.nn.Module, x:torch.Tensor, a:str, b:str)->tuple:
+    "`m.a(x)`, `m.b(x)` (outputs only): one launch of `solar_open2_gemv_pair` for a pair `use_gemv_pairs` marked, on a CUDA batch."
+    if (a, b) in getattr(m, "gemv_pairs_on", ()) and _use_op(x, None):
+        return torch.ops.vllm.solar_open2_gemv_pair(x, getattr(m, a).weight, getattr(m, b).weight)
+    return getattr(m, a)(x)[0], getattr(m, b)(x)[0]

@@ -32,7 +32,7 @@ from . import FUSE_KDA_PROJ, KDA_OP_NAME, plugin_flag
 from .kda_gates import gate_kernel_applies, kda_gate_kernel_enabled   # chapter 08h (registers its op)
 from .kda_decode import (decode_gates_applies, decode_kernel_applies, kda_decode_gates_enabled,
                                          kda_decode_kernel_enabled)   # chapter 08j (registers its ops)
-from .gemv import GemvLinearMethod, _use_op                 # chapter 08i (registers its ops)
+from .gemv import pair_apply                               # chapter 08i (registers its ops)
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
 # %% auto #0
@@ -277,6 +277,7 @@ class SolarOpen2KDA(nn.Module, MambaBase):
         self.decode_kernel = kda_decode_kernel_enabled(vllm_config) and decode_kernel_applies(self)
         # chapter 08j's gates mode: qkvb_proj + fg_a_proj in one GEMV, the gates' up-projections and beta in the kernel (default off)
         self.decode_gates = kda_decode_gates_enabled(vllm_config) and decode_gates_applies(self)
+        self.gemv_pairs = (("qkvb_proj", "fg_a_proj"),) if self.fused and not self.full_proj else ()   # 08i: one launch
         # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's
         self.qkv_conv1d = MergedColumnParallelLinear(K, [P, P, P], bias=False, params_dtype=torch.float32,
                                                      prefix=f"{prefix}.qkv_conv1d")
@@ -324,10 +325,8 @@ def _fused_inputs(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
     return qkv, self.f_b_proj(fa)[0], b, self.g_b_proj(ga)[0]                # g1, g2: [T, Pl] each
 
 def _in_proj(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
-    "`qkvb_proj(x)` [T, 3·Pl+Hl] and `fg_a_proj(x)` [T, 2·D]: one launch (08i's pair op) when both layers have the GEMV method."
-    if all(type(m.quant_method) is GemvLinearMethod for m in (self.qkvb_proj, self.fg_a_proj)) and _use_op(x, None):
-        return torch.ops.vllm.solar_open2_gemv_pair(x, self.qkvb_proj.weight, self.fg_a_proj.weight)
-    return self.qkvb_proj(x)[0], self.fg_a_proj(x)[0]
+    "`qkvb_proj(x)` [T, 3·Pl+Hl] and `fg_a_proj(x)` [T, 2·D]: one launch (08i's pair op) where the model marked the pair."
+    return pair_apply(self, x, "qkvb_proj", "fg_a_proj")
 
 def _kda_forward(self:SolarOpen2KDA,
                  hidden_states:torch.Tensor, # [T, hidden], the normed layer input

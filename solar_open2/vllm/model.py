@@ -19,7 +19,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
 from .moe_experts import use_triton_experts
 from .moe_router import RouterGate, SolarMoERouter, moe_pairs_enabled, router_kernel_enabled
-from .gemv import gemv_kernel_enabled, gemv_probe_enabled, use_gemv_kernels, use_probe_tables
+from .gemv import gemv_kernel_enabled, gemv_pairs_enabled, gemv_probe_enabled, pair_apply, use_gemv_kernels, use_gemv_pairs, use_probe_tables
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                                ReplicatedLinear, RowParallelLinear)
@@ -59,14 +59,16 @@ class SolarOpen2Attention(nn.Module):
         self.o_proj = RowParallelLinear(Hq * D, hidden, bias=False, quant_config=qc, prefix=f"{prefix}.o_proj")
         self.attn = Attention(self.num_heads, D, D ** -0.5, num_kv_heads=self.num_kv_heads,
                               cache_config=vllm_config.cache_config, quant_config=qc, prefix=f"{prefix}.attn")
+        self.gemv_pairs = (("qkv_proj", "g_proj"),)                       # chapter 08i: one launch where its tables say so
 
     def forward(self,
                 hidden_states:torch.Tensor, # [T, hidden], the normed layer input
                 positions:torch.Tensor|None=None, # unused: NoPE
                )->torch.Tensor: # [T, hidden], o_proj's all-reduced output
-        q, k, v = self.qkv_proj(hidden_states)[0].split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
+        qkv, g = pair_apply(self, hidden_states, "qkv_proj", "g_proj")        # [T, (Hq+2·Hkv)*D], [T, Hq*D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
         o = self.attn(q, k, v)                                                # [T, Hq*D]
-        gate = torch.sigmoid(self.g_proj(hidden_states)[0].float()).to(o.dtype)   # [T, Hq*D]
+        gate = torch.sigmoid(g.float()).to(o.dtype)                           # [T, Hq*D]
         return self.o_proj(o * gate)[0]
 
 # %% ../../nbs/08e_vllm_model.ipynb #5e99379c
@@ -193,8 +195,9 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         if gemv_kernel_enabled(vllm_config):                  # chapter 08i: small-batch GEMVs for the shapes it names
             probe = gemv_probe_enabled(vllm_config)            # probe: parity runs only
             swapped = use_probe_tables(self) if probe else use_gemv_kernels(self)
-            logger.info("solar_open2: %d linear layers take chapter 08i's GEMV kernels%s", len(swapped),
-                        " (probe tables)" if probe else "")
+            paired = use_gemv_pairs(self, any_arch=probe) if gemv_pairs_enabled(vllm_config) else []
+            logger.info("solar_open2: %d linear layers take chapter 08i's GEMV kernels, %d pairs one launch each%s",
+                        len(swapped), len(paired), " (probe tables)" if probe else "")
 
     def embed_input_ids(self, input_ids:torch.Tensor)->torch.Tensor: return self.model.embed_input_ids(input_ids)
 
