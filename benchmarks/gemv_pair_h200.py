@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import add_run_args, int_list, json_writer, result_head, result_paths, time_graph   # noqa: E402
+from kernel_bench import add_run_args, int_list, json_writer, kind_tiles0, kind_tiles1, result_head, result_paths, time_graph   # noqa: E402
 from solar_open2.config import SolarOpen2Config                                        # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -45,18 +45,6 @@ def pair_shapes(cfg:SolarOpen2Config, tp:int=TP)->dict:
 
 PAIRS = pair_shapes(SolarOpen2Config.real())
 
-def _tile(s:str, warps:bool)->tuple|None:
-    if s == "same" and not warps: return None
-    kind, _, t = s.partition(":")
-    try: tile = tuple(int(v) for v in t.split("x"))
-    except ValueError: tile = ()
-    n = (3, 4) if warps else (2, 3)
-    if kind not in ("fma", "mma") or len(tile) not in n:
-        raise argparse.ArgumentTypeError(f"expected KIND:{'NxKxWARPS[xS]' if warps else 'NxK[xS] or same'} with KIND fma or mma, got {s!r}")
-    return kind, tile
-
-def tiles0_list(s:str)->tuple: return tuple(_tile(p, True) for p in s.split(","))
-def tiles1_list(s:str)->tuple: return tuple(_tile(p, False) for p in s.split(","))
 def pair_list(s:str)->tuple:
     names = tuple(s.split(","))
     if not names or any(n not in PAIRS for n in names): raise argparse.ArgumentTypeError(f"pairs are {sorted(PAIRS)}, got {s!r}")
@@ -125,8 +113,8 @@ def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
     ap.add_argument("--pairs", type=pair_list, default=tuple(PAIRS))
-    ap.add_argument("--tiles0", type=tiles0_list, default=TILES0, help="W0 tiles: KIND:NxKxWARPS[xSTAGES], comma-separated")
-    ap.add_argument("--tiles1", type=tiles1_list, default=TILES1, help="W1 tiles: same or KIND:NxK[xSTAGES], comma-separated")
+    ap.add_argument("--tiles0", type=kind_tiles0, default=TILES0, help="W0 tiles: KIND:NxKxWARPS[xSTAGES], comma-separated")
+    ap.add_argument("--tiles1", type=kind_tiles1, default=TILES1, help="W1 tiles: same or KIND:NxK[xSTAGES], comma-separated")
     add_run_args(ap, reps=30, deadline_s=200.0)
     a = ap.parse_args(argv)
     outs = result_paths("gemv_pair_h200", RESULTS, a.out)

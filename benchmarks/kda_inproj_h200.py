@@ -33,26 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import add_run_args, int_list, json_writer, result_head, result_paths, tile_list, time_graph   # noqa: E402
+from kernel_bench import add_run_args, int_list, json_writer, kind_tiles1, result_head, result_paths, tile_list, time_graph   # noqa: E402
 from solar_open2.config import SolarOpen2Config                                        # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TP = 2
-PAIR_TILES = ((32, 256, 4, 3), (64, 256, 4, 3))
+QKVB_TILES = ((32, 256, 4, 3), (64, 256, 4, 3))   # the pair GEMV's qkvb_proj rows (tensor cores)
 FG_TILES = (None, ("fma", (1, 4096)), ("fma", (2, 4096)), ("fma", (4, 2048, 2)))   # fg_a_proj's programs; None: W0's tile
-
-def fg_tile_list(s:str)->tuple:
-    "argparse type: W1 tiles, comma-separated: `same` (W0's) or `fma:1x4096`, `mma:32x256x3` (BLOCK_N x BLOCK_K[x stages])."
-    out = []
-    for p in s.split(","):
-        if p == "same": out.append(None); continue
-        kind, _, t = p.partition(":")
-        try: tile = tuple(int(v) for v in t.split("x"))
-        except ValueError: tile = ()
-        if kind not in ("fma", "mma") or len(tile) not in (2, 3):
-            raise argparse.ArgumentTypeError(f"expected same or KIND:NxK[xS] with KIND fma or mma, got {p!r}")
-        out.append((kind, tile))
-    return tuple(out)
 
 def _name(tile, fg)->str:
     return "x".join(map(str, tile)) + (" + W1 " + fg[0] + " " + "x".join(map(str, fg[1])) if fg else "")
@@ -126,7 +113,7 @@ def bf16_check(s:dict, device, beta_fn, gemv_mod, gates_mod, kd, T:int=4)->dict:
         and r["pair_qkvb_equal_single"] and r["pair_fg_vs_linear"] < 1e-2
     return r
 
-def run(tokens=(1, 2, 4, 8), pair_tiles=PAIR_TILES, fg_tiles=FG_TILES, warps=(4, 8), block_r=(32, 64, 128), rotations:int=4, reps:int=50,
+def run(tokens=(1, 2, 4, 8), pair_tiles=QKVB_TILES, fg_tiles=FG_TILES, warps=(4, 8), block_r=(32, 64, 128), rotations:int=4, reps:int=50,
         deadline_s:float=150.0, out_paths=(), device:str="cuda", shapes:dict|None=None, timer=None, beta_fn=None)->dict:
     """Checks, then per token count, each in one CUDA graph over `rotations` copies: today's chain and its parts; the
     pair GEMV per (W0 tile, W1 tile) and the gates-mode kernel per (warps, block_r); the gates mode's chain with the
@@ -219,8 +206,8 @@ def run(tokens=(1, 2, 4, 8), pair_tiles=PAIR_TILES, fg_tiles=FG_TILES, warps=(4,
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=(1, 2, 4, 8))
-    ap.add_argument("--pair-tiles", type=tile_list, default=PAIR_TILES, help="tensor-core tiles for the pair GEMV's qkvb_proj rows")
-    ap.add_argument("--fg-tiles", type=fg_tile_list, default=FG_TILES, help="tiles for its fg_a_proj rows: same,fma:1x4096,...")
+    ap.add_argument("--pair-tiles", type=tile_list, default=QKVB_TILES, help="tensor-core tiles for the pair GEMV's qkvb_proj rows")
+    ap.add_argument("--fg-tiles", type=kind_tiles1, default=FG_TILES, help="tiles for its fg_a_proj rows: same,fma:1x4096,...")
     ap.add_argument("--warps", type=int_list, default=(4, 8), help="num_warps values for the gates-mode kernel")
     ap.add_argument("--block-r", type=int_list, default=(32, 64, 128), help="rank step widths for the gates-mode kernel")
     ap.add_argument("--rotations", type=int, default=4, help="copies of every weight and state (4 x 104 MB at the real shapes)")

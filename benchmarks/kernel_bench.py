@@ -1,7 +1,7 @@
 """What the benchmark scripts share: the CUDA-graph timer, the integer-list and tile-list flags, the head of the result
-JSON and its writer of the single-GPU kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `kda_gates_h200.py`,
-`kda_decode_h200.py`, `moe_router_h200.py`), chapter 08h's and 08i's modules without vLLM, and the commit every result
-JSON records (those and `perf_h200.py`)."""
+JSON and its writer of the single-GPU kernel benchmarks (`moe_decode_h200.py`, `gemv_h200.py`, `gemv_pair_h200.py`,
+`kda_gates_h200.py`, `kda_decode_h200.py`, `kda_inproj_h200.py`, `moe_router_h200.py`), chapter 08h's and 08i's
+modules without vLLM, and the commit every result JSON records (those and `perf_h200.py`)."""
 import argparse, os, subprocess, sys
 from pathlib import Path
 from typing import Callable
@@ -85,6 +85,25 @@ def tile_list(s:str)->tuple:
     "argparse type: comma-separated tiles, each `x`-separated integers (`2x512x4x3,1x1024x4x3`)."
     try: return tuple(tuple(int(v) for v in p.split("x")) for p in s.split(","))
     except ValueError: raise argparse.ArgumentTypeError(f"expected tiles of x-separated integers, comma-separated (2x512x4x3,...), got {s!r}")
+
+def kind_tile(s:str, warps:bool)->tuple|None:
+    """One `KIND:NxKxWARPS[xSTAGES]` tile (`warps`), or one `KIND:NxK[xSTAGES]` tile at the launch's warps or `same`
+    (None) otherwise, KIND fma or mma: the tiles of chapter 08i's pair GEMV for its two weights."""
+    if s == "same" and not warps: return None
+    kind, _, t = s.partition(":")
+    try: tile = tuple(int(v) for v in t.split("x"))
+    except ValueError: tile = ()
+    if kind not in ("fma", "mma") or len(tile) not in ((3, 4) if warps else (2, 3)):
+        raise argparse.ArgumentTypeError(f"expected KIND:{'NxKxWARPS[xS]' if warps else 'NxK[xS] or same'} with KIND fma or mma, got {s!r}")
+    return kind, tile
+
+def kind_tiles0(s:str)->tuple:
+    "argparse type: comma-separated `kind_tile(..., warps=True)` (a pair GEMV's first weight)."
+    return tuple(kind_tile(p, True) for p in s.split(","))
+
+def kind_tiles1(s:str)->tuple:
+    "argparse type: comma-separated `kind_tile(..., warps=False)` (a pair GEMV's second weight)."
+    return tuple(kind_tile(p, False) for p in s.split(","))
 
 def add_run_args(ap:argparse.ArgumentParser, reps:int, deadline_s:float, no_op:bool=False)->None:
     "The flags every kernel benchmark shares: --reps, --deadline-s, --out (default $OUT) and, for the plugin's kernels, --no-op."

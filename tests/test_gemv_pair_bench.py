@@ -17,8 +17,9 @@ def test_no_gpu_exits_2_bad_flags_name_themselves_and_real_shapes():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gemv_pair_h200 as m
     assert m.PAIRS == {"gqa": ("gqa.qkv_proj + gqa.g_proj", 5120, 4096, 4096), "kda": ("kda.qkvb_proj + kda.fg_a_proj", 12320, 256, 4096)}
-    assert m.tiles0_list("mma:32x256x4x3,fma:4x1024x4") == (("mma", (32, 256, 4, 3)), ("fma", (4, 1024, 4)))
-    assert m.tiles1_list("same,fma:4x2048x2") == (None, ("fma", (4, 2048, 2)))
+    from kernel_bench import kind_tiles0, kind_tiles1
+    assert kind_tiles0("mma:32x256x4x3,fma:4x1024x4") == (("mma", (32, 256, 4, 3)), ("fma", (4, 1024, 4)))
+    assert kind_tiles1("same,fma:4x2048x2") == (None, ("fma", (4, 2048, 2)))
 
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "Checks, the separate calls and every tile pair timed, the best and the ratio, the JSON."

@@ -20,7 +20,8 @@ def test_no_gpu_exits_2_and_real_shapes():
     from solar_open2.vllm.gemv import GEMV_TILES, PAIR_TILES
     assert (3 * 32 * 128 + 32, 4096, "bfloat16") in GEMV_TILES and (2 * 128, 4096, "bfloat16") in GEMV_TILES
     assert (3 * 32 * 128 + 32, 2 * 128, 4096, "bfloat16") in PAIR_TILES        # the pair the script times has a plan
-    assert m.fg_tile_list("same,fma:1x4096,mma:32x256x3") == (None, ("fma", (1, 4096)), ("mma", (32, 256, 3)))
+    from kernel_bench import kind_tiles1
+    assert kind_tiles1("same,fma:1x4096,mma:32x256x3") == (None, ("fma", (1, 4096)), ("mma", (32, 256, 3)))
 
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "Checks, today's chain and its parts, the pair GEMV and the kernel per configuration, both chains, the best and the ratio, the JSON."
