@@ -30,8 +30,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from ..config import SolarOpen2Config
 from . import FUSE_KDA_PROJ, KDA_OP_NAME, plugin_flag
 from .kda_gates import gate_kernel_applies, kda_gate_kernel_enabled   # chapter 08h (registers its op)
-from .kda_decode import (decode_gates_applies, decode_kernel_applies, kda_decode_gates_enabled,
-                                         kda_decode_kernel_enabled)   # chapter 08j (registers its ops)
+from .kda_decode import decode_gates_applies, decode_kernel_applies, kda_decode_gates_enabled, kda_decode_kernel_enabled   # 08j (its ops)
 from .gemv import pair_apply                               # chapter 08i (registers its ops)
 from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
 
@@ -324,17 +323,13 @@ def _fused_inputs(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
     fa, ga = self.fg_a_proj(x)[0].split([D, D], -1)                           # [T, 2·D] -> [T, D], [T, D]
     return qkv, self.f_b_proj(fa)[0], b, self.g_b_proj(ga)[0]                # g1, g2: [T, Pl] each
 
-def _in_proj(self:SolarOpen2KDA, x:torch.Tensor)->tuple:
-    "`qkvb_proj(x)` [T, 3·Pl+Hl] and `fg_a_proj(x)` [T, 2·D]: one launch (08i's pair op) where the model marked the pair."
-    return pair_apply(self, x, "qkvb_proj", "fg_a_proj")
-
 def _kda_forward(self:SolarOpen2KDA,
                  hidden_states:torch.Tensor, # [T, hidden], the normed layer input
                  positions:torch.Tensor|None=None, # unused (no positions in KDA)
                 )->torch.Tensor: # [T, hidden], o_proj's all-reduced output
     T, Hl, D = hidden_states.shape[0], self.local_heads, self.head_dim
     if self.decode_gates:                                                     # chapter 08j's gates mode: 3 launches a decode step
-        qkvb, fg = _in_proj(self, hidden_states)                              # [T, 3·Hl·D + Hl], [T, 2·D]
+        qkvb, fg = pair_apply(self, hidden_states, "qkvb_proj", "fg_a_proj")  # [T, 3·Hl·D + Hl], [T, 2·D]: one launch where marked (08i)
         qkv, b = qkvb.split([3 * Hl * D, Hl], -1)                             # [T, 3·Hl·D], [T, Hl] (strided views)
         o = torch.empty(T, Hl, D, dtype=hidden_states.dtype, device=hidden_states.device)
         torch.ops.vllm.solar_open2_kda_decode_lr(qkv, b, fg, o, self.prefix)
