@@ -12,7 +12,7 @@ What a KDA layer launches between its input norm and `o_proj`, per decode step:
 * today (`six`): 08i's `qkvb_proj` GEMV (its `GEMV_TILES` plan), 08h's two gate kernels, beta (`kda_beta`, compiled
   into one kernel as the engine's inductor does), 08j's kernel;
 * the gates mode (`three` is two of them here: `o_proj` is the same in both): 08i's `gemv_pair` over `qkvb_proj`
-  and `fg_a_proj`, then 08j's kernel with `LOW_RANK` and `RAW_BETA`.
+  and `fg_a_proj`, then 08j's kernel in its gates mode (`GATES`).
 
 Checks first, on the GPU: 08j's `lr_check` cases in fp32; at the real shapes in bf16, the gates mode's output and
 states against today's chain and against `kda_decode_lr_torch` (the module path in the activation dtype); the pair
@@ -73,14 +73,16 @@ def six_step(L:dict, idx, out, beta_fn, gemv_mod, gates_mod, kd)->None:
     kd.kda_decode_triton(qkv, L["conv_state"], L["conv_w"], g1, L["A_log"], L["dt_bias"], beta_fn(b), g2, L["norm_w"],
                          L["eps"], L["rec_state"], idx, out=out)
 
-def three_step(L:dict, idx, out, gemv_mod, kd, pair=None, num_warps:int=4, block_r:int=32)->None:
-    "The gates mode: the pair GEMV (`pair` = (tile, W1's kind, W1's tile), or the plan), then 08j's kernel with the gates and beta (writes `out`)."
+def three_step(L:dict, idx, out, gemv_mod, kd, pair=None, num_warps:int|None=None, block_r:int|None=None)->None:
+    """The gates mode: the pair GEMV (`pair` = (tile, W1's kind, W1's tile), or the plan), then 08j's kernel with the
+    gates and beta (writes `out`); warps and rank step 08j's defaults unless given."""
     Hl, D = L["rec_state"].shape[1], L["rec_state"].shape[2]
     if pair is None: qkvb, fg = gemv_mod.gemv_pair(L["x"], L["wqkvb"], L["wa"])
     else: qkvb, fg = gemv_mod.gemv_pair_triton(L["x"], L["wqkvb"], L["wa"], "mma", *pair)
     qkv, b = qkvb.split([3 * Hl * D, Hl], -1)
     kd.kda_decode_lr_triton(qkv, b, fg, L["wfb"], L["wgb"], L["conv_state"], L["conv_w"], L["A_log"], L["dt_bias"],
-                            L["norm_w"], L["eps"], L["rec_state"], idx, out=out, num_warps=num_warps, block_r=block_r)
+                            L["norm_w"], L["eps"], L["rec_state"], idx, out=out, num_warps=num_warps or kd.NUM_WARPS,
+                            block_r=block_r or kd.LR_BLOCK_R)
 
 def bf16_check(s:dict, device, beta_fn, gemv_mod, gates_mod, kd, T:int=4)->dict:
     "The gates mode against today's chain and the module path, at shapes `s` in bf16 (output and states); the pair GEMV's outputs."
@@ -117,7 +119,7 @@ def run(tokens=(1, 2, 4, 8), pair_tiles=QKVB_TILES, fg_tiles=FG_TILES, warps=(4,
         deadline_s:float=150.0, out_paths=(), device:str="cuda", shapes:dict|None=None, timer=None, beta_fn=None)->dict:
     """Checks, then per token count, each in one CUDA graph over `rotations` copies: today's chain and its parts; the
     pair GEMV per (W0 tile, W1 tile) and the gates-mode kernel per (warps, block_r); the gates mode's chain with the
-    plan's pair and 4 warps, and with the fastest pair and kernel. `device`, `shapes`, `timer` and `beta_fn` exist
+    plan's pair and 08j's defaults, and with the fastest pair and kernel. `device`, `shapes`, `timer` and `beta_fn` exist
     for the CPU test."""
     import torch
     from solar_open2.vllm import gemv as gemv_mod, kda_decode as kd, kda_gates as gates_mod
@@ -181,7 +183,7 @@ def run(tokens=(1, 2, 4, 8), pair_tiles=QKVB_TILES, fg_tiles=FG_TILES, warps=(4,
         time_rows(variants)
         pairs = [r for r in rows if r["path"].startswith("three: pair GEMV")]
         kernels = [r for r in rows if r["path"] == "three: kernel"]
-        chains = [("three (plan)", {"pair": "plan", "num_warps": 4, "block_r": 32},
+        chains = [("three (plan)", {"pair": "plan", "num_warps": kd.NUM_WARPS, "block_r": kd.LR_BLOCK_R},   # the package's defaults
                    lambda L: three_step(L, idx, out, gemv_mod, kd))]
         if pairs and kernels:                                                 # the fastest parts, together in one chain
             bp, bk = min(pairs, key=lambda r: r["us"]), min(kernels, key=lambda r: r["us"])

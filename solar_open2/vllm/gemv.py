@@ -82,6 +82,10 @@ def gemv_mma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_y
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a0000b
 KINDS = ("fma", "mma")
 
+def _block_k(bk:int, K:int, mma:bool)->int:
+    "The K step a tile asks for, capped at K's next power of two (at least 16 for `tl.dot`)."
+    return min(bk, max(16, triton.next_power_of_2(K))) if mma else min(bk, triton.next_power_of_2(K))
+
 def gemv_triton(x:torch.Tensor, # [T, K], T <= 8 (fma) or 16 (mma), unit stride along K
                 w:torch.Tensor, # [N, K], unit stride along K
                 kind:str, # "fma": CUDA-core fp32 FMAs (08h's kernel); "mma": tensor-core dots
@@ -101,11 +105,11 @@ def gemv_triton(x:torch.Tensor, # [T, K], T <= 8 (fma) or 16 (mma), unit stride 
     bn, bk, nw, ns = (tuple(tile) + (1,))[:4]
     if kind == "fma":
         gemv_fma_kernel[(triton.cdiv(N, bn),)](x, w, y, T, N, K, x.stride(0), w.stride(0), y.stride(0),
-            BLOCK_T=max(1, triton.next_power_of_2(T)), BLOCK_N=bn, BLOCK_K=min(bk, triton.next_power_of_2(K)),
+            BLOCK_T=max(1, triton.next_power_of_2(T)), BLOCK_N=bn, BLOCK_K=_block_k(bk, K, False),
             NUM_STAGES=ns, num_warps=nw)
     else:
         gemv_mma_kernel[(triton.cdiv(N, bn),)](x, w, y, T, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_N=bn,
-            BLOCK_K=min(bk, max(16, triton.next_power_of_2(K))), NUM_STAGES=ns, IEEE=w.dtype == torch.float32,
+            BLOCK_K=_block_k(bk, K, True), NUM_STAGES=ns, IEEE=w.dtype == torch.float32,
             UPCAST=not x.is_cuda, num_warps=nw)
     return y
 
@@ -194,10 +198,6 @@ def gemv_pair_kernel(x_ptr, w0_ptr, y0_ptr, w1_ptr, y1_ptr, T, N0, N1, K, stride
                                 BLOCK_N1, BLOCK_K1, STAGES1, IEEE, UPCAST)
         else: gemv_block(x_ptr, w1_ptr, y1_ptr, T, N1, K, stride_xt, stride_w1n, stride_y1t, pid - NB0,
                          BLOCK_T, BLOCK_N1, BLOCK_K1, STAGES1)
-
-def _block_k(bk:int, K:int, mma:bool)->int:
-    "The K step a tile asks for, capped at K's next power of two (at least 16 for `tl.dot`)."
-    return min(bk, max(16, triton.next_power_of_2(K))) if mma else min(bk, triton.next_power_of_2(K))
 
 def gemv_pair_triton(x:torch.Tensor, # [T, K], unit stride along K
                      w0:torch.Tensor, # [N0, K]

@@ -276,7 +276,7 @@ class SolarOpen2KDA(nn.Module, MambaBase):
         self.decode_kernel = kda_decode_kernel_enabled(vllm_config) and decode_kernel_applies(self)
         # chapter 08j's gates mode: qkvb_proj + fg_a_proj in one GEMV, the gates' up-projections and beta in the kernel (default off)
         self.decode_gates = kda_decode_gates_enabled(vllm_config) and decode_gates_applies(self)
-        self.gemv_pairs = (("qkvb_proj", "fg_a_proj"),) if self.fused and not self.full_proj else ()   # 08i: one launch
+        self.gemv_pairs = (("qkvb_proj", "fg_a_proj"),) if self.decode_gates else ()   # 08i: one launch, used only by that mode
         # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's
         self.qkv_conv1d = MergedColumnParallelLinear(K, [P, P, P], bias=False, params_dtype=torch.float32,
                                                      prefix=f"{prefix}.qkv_conv1d")

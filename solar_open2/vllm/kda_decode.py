@@ -6,6 +6,7 @@
 from __future__ import annotations
 import os
 import torch
+import torch.nn.functional as F
 import triton                       # the kernel below; callers import this module, `solar_open2` never does
 import triton.language as tl
 
@@ -13,13 +14,12 @@ from vllm.forward_context import get_forward_context
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ..nvfp4 import relative_rms
-import torch.nn.functional as F
 from . import KDA_DECODE_GATES, KDA_DECODE_KERNEL, KDA_DECODE_LR_OP_NAME, KDA_DECODE_OP_NAME, plugin_flag
 
 # %% auto #0
-__all__ = ['NUM_WARPS', 'CHECK_CASES', 'MAX_DECODE_SEQS', 'LR_CHECK_CASES', 'kda_decode_torch', 'random_case',
+__all__ = ['NUM_WARPS', 'CHECK_CASES', 'MAX_DECODE_SEQS', 'LR_BLOCK_R', 'LR_CHECK_CASES', 'kda_decode_torch', 'random_case',
            'kda_decode_kernel', 'kda_decode_triton', 'self_check', 'kda_decode_kernel_enabled', 'decode_kernel_applies',
-           'decode_batch', 'kda_decode_forward', 'kda_decode_lr_torch', 'random_lr_case', 'kda_decode_lr_triton',
+           'decode_slots', 'kda_decode_forward', 'kda_decode_lr_torch', 'random_lr_case', 'kda_decode_lr_triton',
            'lr_check', 'kda_decode_gates_enabled', 'decode_gates_applies', 'kda_decode_lr_forward']
 
 # %% ../../nbs/08j_vllm_kda_decode.ipynb #e1a00007
@@ -120,11 +120,11 @@ def _up_gate(fg_ptr, wb_ptr, t, h, d, ok, stride_fg, stride_wb, off, D:tl.conste
 def kda_decode_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, g2_ptr, nw_ptr, h_ptr, idx_ptr, o_ptr,
                       wfb_ptr, wgb_ptr, n, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1,
                       stride_beta, stride_g2, stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_wb, scale, eps,
-                      D:tl.constexpr, W:tl.constexpr, LOW_RANK:tl.constexpr, R:tl.constexpr, BLOCK_R:tl.constexpr,
-                      RAW_BETA:tl.constexpr, NEG_EIGVAL:tl.constexpr):
-    """Grid (T, Hl): conv, gate, delta rule and gated RMSNorm of token `t` (one sequence) and head `h`. `LOW_RANK`: g1_ptr
-    is fg = [fa | ga] ([T, 2R]) and the gates' up-projections (wfb, wgb [P, R]) run here. `RAW_BETA`: beta_ptr holds the
-    logits b, and beta = 2·sigmoid(b) (`NEG_EIGVAL`) or sigmoid(b) here."""
+                      D:tl.constexpr, W:tl.constexpr, GATES:tl.constexpr, R:tl.constexpr, BLOCK_R:tl.constexpr,
+                      NEG_EIGVAL:tl.constexpr):
+    """Grid (T, Hl): conv, gate, delta rule and gated RMSNorm of token `t` (one sequence) and head `h`. `GATES`: g1_ptr
+    is fg = [fa | ga] ([T, 2R]) and the gates' up-projections (wfb, wgb [P, R]) run here; beta_ptr holds the logits b,
+    and beta = 2·sigmoid(b) (`NEG_EIGVAL`) or sigmoid(b) here."""
     t, h = tl.program_id(0), tl.program_id(1)
     slot = tl.load(idx_ptr + t, mask=t < n, other=0)
     ok = (t < n) & (slot > 0)                                                  # padding rows and the null block: zeros
@@ -139,12 +139,12 @@ def kda_decode_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
     _shift_state(cs_ptr, slot, cv, xv, ok, stride_cs_slot, stride_cs_dim, stride_cs_tap, W)
     q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale                              # l2norm, then D^-1/2
     k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-    if LOW_RANK: a = _up_gate(g1_ptr, wfb_ptr, t, h, d, ok, stride_g1, stride_wb, 0, D, R, BLOCK_R)
+    if GATES: a = _up_gate(g1_ptr, wfb_ptr, t, h, d, ok, stride_g1, stride_wb, 0, D, R, BLOCK_R)
     else: a = tl.load(g1_ptr + t * stride_g1 + h * D + d, mask=ok, other=0.0).to(tl.float32)
     a = a + tl.load(dtb_ptr + h * D + d)
     g = -tl.exp(tl.load(alog_ptr + h)) * tl.where(a <= 20.0, tl.log(1.0 + tl.exp(a)), a)     # [D] -exp(A)·softplus
     beta = tl.load(beta_ptr + t * stride_beta + h, mask=ok, other=0.0).to(tl.float32)
-    if RAW_BETA:
+    if GATES:
         beta = 1.0 / (1.0 + tl.exp(-beta))                                     # fp32, as `kda_beta`
         if NEG_EIGVAL: beta = beta * 2.0
     hp = h_ptr + slot * stride_h_slot + h * stride_h_head + d[:, None] * stride_h_v + d[None, :]   # [V, K] pointers
@@ -153,7 +153,7 @@ def kda_decode_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
     tl.store(hp, S, mask=ok)
     o = tl.sum(S * q[None, :], axis=1)                                         # [V], read after the write
     o = o.to(o_ptr.dtype.element_ty).to(tl.float32)                            # the unfused path stores o, then norms it
-    if LOW_RANK: g2 = _up_gate(g1_ptr, wgb_ptr, t, h, d, ok, stride_g1, stride_wb, R, D, R, BLOCK_R)   # after S is dead
+    if GATES: g2 = _up_gate(g1_ptr, wgb_ptr, t, h, d, ok, stride_g1, stride_wb, R, D, R, BLOCK_R)   # after S is dead
     else: g2 = tl.load(g2_ptr + t * stride_g2 + h * D + d, mask=ok, other=0.0).to(tl.float32)
     y = o * tl.rsqrt(tl.sum(o * o) / D + eps) * tl.load(nw_ptr + d).to(tl.float32) / (1.0 + tl.exp(-g2))
     tl.store(o_ptr + t * stride_o + h * D + d, tl.where(ok, y, 0.0).to(o_ptr.dtype.element_ty))
@@ -165,21 +165,34 @@ def kda_decode_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, nor
                       out:torch.Tensor|None=None, num_warps:int=NUM_WARPS)->torch.Tensor:
     "`kda_decode_torch` in one launch (same arguments): `out` [T, Hl, D] in qkv's dtype, states updated in place."
     T, Hl, D, W = _check(qkv, conv_state, conv_w, g1, beta, g2, rec_state, idx)
+    return _launch("kda_decode_triton", (("qkv", qkv), ("g1", g1), ("g2", g2), ("beta", beta)), T, Hl, D, W, qkv,
+                   conv_state, conv_w, g1, A_log, dt_bias, beta, g2, norm_w, eps, rec_state, idx, out, num_warps)
+
+def _launch(name:str, unit:tuple, T:int, Hl:int, D:int, W:int, qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2,
+            norm_w, eps:float, rec_state, idx, out, num_warps:int, wfb=None, wgb=None, block_r:int=1,
+            neg_eigval:bool=False)->torch.Tensor:
+    """What both wrappers share after their shape checks: a power-of-two head size, a unit inner stride for each
+    `(name, tensor)` of `unit`, a platform that runs the kernel, the state's layout, `out`; then one launch, in the
+    gates mode when `wfb` is given (g1 = fg, beta = the logits, g2 unused)."""
     if D & (D - 1): raise ValueError(f"the head size must be a power of two, got {D}")
+    for n_, t_ in unit:
+        if t_.stride(-1) != 1: raise ValueError(f"{n_} must have unit stride in its last dimension")
+    if wfb is not None and wfb.stride(0) != wgb.stride(0): raise ValueError("wfb and wgb must have one row stride")
     if not qkv.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("kda_decode_triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
-    for name, t_ in (("qkv", qkv), ("g1", g1), ("g2", g2), ("beta", beta)):
-        if t_.stride(-1) != 1: raise ValueError(f"{name} must have unit stride in its last dimension")
+        raise RuntimeError(f"{name} on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
     if rec_state.dtype != torch.float32 or rec_state.stride(3) != 1 or rec_state.stride(1) != D * D:
         raise ValueError(f"rec_state must be fp32 with contiguous [D, D] heads, got {rec_state.dtype} strides {rec_state.stride()}")
     out = torch.empty(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out
     if tuple(out.shape) != (T, Hl, D) or not out.is_contiguous(): raise ValueError(f"out must be a contiguous [{T}, {Hl}, {D}]")
     cw = conv_w.reshape(3 * Hl * D, W).contiguous()                              # [3·P, 1, W] -> [3·P, W]
+    gates = wfb is not None
+    R = wfb.shape[1] if gates else 1
     kda_decode_kernel[(T, Hl)](qkv, conv_state, cw, g1, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), beta, g2,
-        norm_w.contiguous(), rec_state, idx, out, g1, g1, idx.shape[0], Hl * D, qkv.stride(0), conv_state.stride(0),
-        conv_state.stride(1), conv_state.stride(2), g1.stride(0), beta.stride(0), g2.stride(0), rec_state.stride(0),
-        rec_state.stride(1), rec_state.stride(2), out.stride(0), 0, D ** -0.5, eps, D=D, W=W, LOW_RANK=False, R=1,
-        BLOCK_R=1, RAW_BETA=False, NEG_EIGVAL=False, num_warps=num_warps)
+        norm_w.contiguous(), rec_state, idx, out, wfb if gates else g1, wgb if gates else g1, idx.shape[0], Hl * D,
+        qkv.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), g1.stride(0), beta.stride(0),
+        g2.stride(0), rec_state.stride(0), rec_state.stride(1), rec_state.stride(2), out.stride(0),
+        wfb.stride(0) if gates else 0, D ** -0.5, eps, D=D, W=W, GATES=gates, R=R,
+        BLOCK_R=min(block_r, triton.next_power_of_2(R)), NEG_EIGVAL=neg_eigval, num_warps=num_warps)
     return out
 
 # %% ../../nbs/08j_vllm_kda_decode.ipynb #e1a0000f
@@ -224,14 +237,14 @@ def decode_kernel_applies(layer:torch.nn.Module)->bool:
     from vllm.platforms import current_platform
     return current_platform.is_cuda_alike()
 
-def decode_batch(layer)->int:
-    "The rows of this step's KDA decode batch if the kernel takes it (at most `MAX_DECODE_SEQS` one-token decodes, no prefill, no speculation), else 0."
+def decode_slots(layer)->torch.Tensor|None:
+    "The state slots [n] of this step's KDA decode batch if the kernel takes it (at most `MAX_DECODE_SEQS` one-token decodes, no prefill, no speculation), else None."
     md_all = get_forward_context().attn_metadata
     md = None if md_all is None else md_all[layer.prefix]
     if md is not None and md.num_prefills == 0 and not md.num_spec_decodes and md.spec_state_indices_tensor is None \
             and 0 < md.num_actual_tokens <= MAX_DECODE_SEQS:
-        return md.num_actual_tokens
-    return 0
+        return md.non_spec_state_indices_tensor[:md.num_actual_tokens]
+    return None
 
 def kda_decode_forward(layer, # a `SolarOpen2KDA`
                        qkv:torch.Tensor, # [T, 3·Hl·D] pre-conv q | k | v (row view)
@@ -241,13 +254,11 @@ def kda_decode_forward(layer, # a `SolarOpen2KDA`
                        out:torch.Tensor, # [T, Hl, D], written: o_norm's output
                       )->None:
     "The op's body: the kernel for a batch of at most `MAX_DECODE_SEQS` one-token decodes, else 08d's op body and `o_norm`."
-    n = decode_batch(layer)
-    if n:
-        T = qkv.shape[0]
+    idx = decode_slots(layer)
+    if idx is not None:
         conv_state, rec_state = layer.conv_states()                              # [slots, 3·Hl·D, W-1], [slots, Hl, D, D]
         kda_decode_triton(qkv, conv_state, layer.qkv_conv1d.weight, g1, layer.A_log, layer.dt_bias, beta,
-                          g2.reshape(T, -1), layer.o_norm.weight, layer.o_norm.eps, rec_state,
-                          get_forward_context().attn_metadata[layer.prefix].non_spec_state_indices_tensor[:n], out=out)
+                          g2.reshape(qkv.shape[0], -1), layer.o_norm.weight, layer.o_norm.eps, rec_state, idx, out=out)
         return
     core = torch.zeros_like(out)                                              # [T, Hl, D]
     layer._forward(qkv, g1, beta, core)
@@ -302,28 +313,15 @@ def random_lr_case(T:int, n:int, Hl:int, D:int, W:int, slots:int, R:int, dtype=t
                 wfb=(r(Hl * D, R) / R ** 0.5).to(dtype), wgb=(r(Hl * D, R) / R ** 0.5).to(dtype), **c)
 
 # %% ../../nbs/08j_vllm_kda_decode.ipynb #726c0194
+LR_BLOCK_R = 64              # the rank step of the gates mode: the fastest at 4 warps at 1-8 sequences (kda_inproj_h200.json)
+
 def kda_decode_lr_triton(qkv, b, fg, wfb, wgb, conv_state, conv_w, A_log, dt_bias, norm_w, eps:float, rec_state, idx,
-                         neg_eigval:bool=True, out:torch.Tensor|None=None, num_warps:int=NUM_WARPS, block_r:int=64)->torch.Tensor:
+                         neg_eigval:bool=True, out:torch.Tensor|None=None, num_warps:int=NUM_WARPS, block_r:int=LR_BLOCK_R)->torch.Tensor:
     "`kda_decode_lr_torch` in one launch (same arguments): `out` [T, Hl, D] in qkv's dtype, states updated in place."
     T, Hl, D, W, R = _check_lr(qkv, b, fg, wfb, wgb, conv_state, conv_w, rec_state, idx)
-    if D & (D - 1): raise ValueError(f"the head size must be a power of two, got {D}")
-    for name, t_ in (("qkv", qkv), ("b", b), ("fg", fg), ("wfb", wfb), ("wgb", wgb)):
-        if t_.stride(-1) != 1: raise ValueError(f"{name} must have unit stride in its last dimension")
-    if not qkv.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("kda_decode_lr_triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
-    if wfb.stride(0) != wgb.stride(0): raise ValueError("wfb and wgb must have one row stride")
-    if rec_state.dtype != torch.float32 or rec_state.stride(3) != 1 or rec_state.stride(1) != D * D:
-        raise ValueError(f"rec_state must be fp32 with contiguous [D, D] heads, got {rec_state.dtype} strides {rec_state.stride()}")
-    out = torch.empty(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out
-    if tuple(out.shape) != (T, Hl, D) or not out.is_contiguous(): raise ValueError(f"out must be a contiguous [{T}, {Hl}, {D}]")
-    cw = conv_w.reshape(3 * Hl * D, W).contiguous()                              # [3·P, 1, W] -> [3·P, W]
-    br = min(block_r, triton.next_power_of_2(R))
-    kda_decode_kernel[(T, Hl)](qkv, conv_state, cw, fg, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), b, fg,
-        norm_w.contiguous(), rec_state, idx, out, wfb, wgb, idx.shape[0], Hl * D, qkv.stride(0), conv_state.stride(0),
-        conv_state.stride(1), conv_state.stride(2), fg.stride(0), b.stride(0), fg.stride(0), rec_state.stride(0),
-        rec_state.stride(1), rec_state.stride(2), out.stride(0), wfb.stride(0), D ** -0.5, eps, D=D, W=W, LOW_RANK=True,
-        R=R, BLOCK_R=br, RAW_BETA=True, NEG_EIGVAL=neg_eigval, num_warps=num_warps)
-    return out
+    return _launch("kda_decode_lr_triton", (("qkv", qkv), ("b", b), ("fg", fg), ("wfb", wfb), ("wgb", wgb)), T, Hl, D, W,
+                   qkv, conv_state, conv_w, fg, A_log, dt_bias, b, fg, norm_w, eps, rec_state, idx, out, num_warps,
+                   wfb, wgb, block_r, neg_eigval)
 
 LR_CHECK_CASES = (   # (T, n, Hl, D, W, slots, R, block_r)
     (3, 2, 2, 16, 4, 6, 8, 4),       # a padding row, a null-slot row; two reduction steps
@@ -353,12 +351,9 @@ def kda_decode_gates_enabled(vllm_config)->bool:
     return plugin_flag(vllm_config, KDA_DECODE_GATES, False)
 
 def decode_gates_applies(layer:torch.nn.Module)->bool:
-    "Whether the layer's decode steps can take the gates mode: the kernel in use, fused low-rank gates, unquantized, no bias."
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    mods = [getattr(layer, n, None) for n in ("qkvb_proj", "fg_a_proj", "f_b_proj", "g_b_proj")]
-    return bool(getattr(layer, "decode_kernel", False)) and getattr(layer, "fused", False) and not getattr(layer, "full_proj", True) \
-        and all(m is not None and isinstance(getattr(m, "quant_method", None), UnquantizedLinearMethod)
-                and getattr(m, "bias", None) is None for m in mods)
+    "Whether the layer's decode steps can take the gates mode: the kernel in use, and the low-rank gates 08h's kernels take (fused, unquantized, no bias)."
+    from solar_open2.vllm.kda_gates import gate_kernel_applies
+    return bool(layer.decode_kernel) and layer.fused and not layer.full_proj and gate_kernel_applies(layer)
 
 def kda_decode_lr_forward(layer, # a `SolarOpen2KDA`
                           qkv:torch.Tensor, # [T, 3·Hl·D] pre-conv q | k | v (row view)
@@ -368,12 +363,11 @@ def kda_decode_lr_forward(layer, # a `SolarOpen2KDA`
                          )->None:
     "The third op's body: the kernel in its gates mode for a decode batch, else the layers' up-projections, `kda_beta` and `kda_decode_forward`."
     from solar_open2.vllm.kda import kda_beta                                 # 08d imports this module
-    n = decode_batch(layer)
-    if n:
+    idx = decode_slots(layer)
+    if idx is not None:
         conv_state, rec_state = layer.conv_states()                              # [slots, 3·Hl·D, W-1], [slots, Hl, D, D]
         kda_decode_lr_triton(qkv, b, fg, layer.f_b_proj.weight, layer.g_b_proj.weight, conv_state, layer.qkv_conv1d.weight,
-                             layer.A_log, layer.dt_bias, layer.o_norm.weight, layer.o_norm.eps, rec_state,
-                             get_forward_context().attn_metadata[layer.prefix].non_spec_state_indices_tensor[:n],
+                             layer.A_log, layer.dt_bias, layer.o_norm.weight, layer.o_norm.eps, rec_state, idx,
                              layer.allow_neg_eigval, out=out)
         return
     T, Hl, D = out.shape
