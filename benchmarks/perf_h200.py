@@ -90,11 +90,20 @@ PRESETS = {
                  max_num_batched_tokens=16384, decode_contexts=[2048, 32768], decode_tokens=192,
                  prefill_contexts=[8192, 32768], prefill_repeats=2, batch_sizes=[8, 32, 64], batch_prompt=512,
                  batch_tokens=128, capture_sizes=[1, 2, 4, 8, 16, 32, 64], deadline_s=560),
+    # one TP2 rank of the real model as a model of its own (budget.rank_config), at TP1 on one GPU: the same kernels,
+    # shapes and bytes per token as a rank of `real`, without the all-reduces. For engine A/Bs when one GPU is lent.
+    "rank": dict(tp=1, max_model_len=40960, kv_cache_memory_bytes="16g", max_num_seqs=64,
+                 max_num_batched_tokens=16384, decode_contexts=[2048, 32768], decode_tokens=192,
+                 prefill_contexts=[8192, 32768], prefill_repeats=2, batch_sizes=[8, 32, 64], batch_prompt=512,
+                 batch_tokens=128, capture_sizes=[1, 2, 4, 8, 16, 32, 64], deadline_s=560),
     "tiny": dict(tp=1, max_model_len=8192, kv_cache_memory_bytes="2g", max_num_seqs=64,
                  max_num_batched_tokens=8192, decode_contexts=[512, 4096], decode_tokens=128,
                  prefill_contexts=[2048, 4096], prefill_repeats=2, batch_sizes=[8, 32, 64], batch_prompt=256,
                  batch_tokens=64, capture_sizes=[1, 2, 4, 8, 16, 32, 64], deadline_s=480),
 }
+RANK_OF_TP = 2                   # --config rank: one rank of the real model at this TP
+CONFIG_NOTES = {"rank": f"one TP{RANK_OF_TP} rank of the real model (solar_open2.budget.rank_config) served at TP1: "
+                        "the per-rank shapes, kernels and bytes, without the all-reduces; not the TP2 figure"}
 PROFILE_DELAY_STEPS = 3          # worker steps skipped after start_profile (the prefill step and two decodes)
 
 # --------------------------------------------------------------------------------------------------------------
@@ -153,7 +162,8 @@ def build_parser()->argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phase", choices=PHASES + ("all", "merge", "ab", "ab-merge"), default="all")
     ap.add_argument("--config", choices=tuple(PRESETS), default="real",
-                    help="real: SolarOpen2Config.real() at TP2; tiny: the tiny preset at TP1 (a cheap dry run)")
+                    help="real: SolarOpen2Config.real() at TP2; rank: one TP2 rank of it at TP1 (budget.rank_config: the real "
+                         "per-rank shapes on one GPU, no all-reduces); tiny: the tiny preset at TP1 (a cheap dry run)")
     ap.add_argument("--tp", type=int, help="tensor-parallel size (default: 2 real, 1 tiny)")
     ap.add_argument("--max-model-len", type=budget.parse_size)
     ap.add_argument("--kv-cache-memory-bytes", help="KV pool per GPU in vLLM's notation (16g = 16e9, 16G = 16 GiB)")
@@ -213,6 +223,8 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
     a.kv_bytes = budget.parse_size(a.kv_cache_memory_bytes)
     cfg = model_config(a.config)
     budget.check_tp(cfg, a.tp)
+    if a.config == "rank" and a.tp != 1:
+        raise ValueError(f"--config rank is one rank of the real model at TP2, served alone: --tp must be 1, got {a.tp}")
     if a.max_model_len > cfg.max_position_embeddings:
         raise ValueError(f"--max-model-len {a.max_model_len:,} exceeds max_position_embeddings {cfg.max_position_embeddings:,}")
     for flag, ctxs, extra, kind in (("--decode-contexts", a.decode_contexts, a.decode_tokens, "decode"),
@@ -257,7 +269,9 @@ def model_config(name:str)->SolarOpen2Config:
     "The config served, with Nota's compressed-tensors NVFP4 block (experts NVFP4, every other linear BF16)."
     from solar_open2 import nvfp4
     from solar_open2.checkpoint import bf16_linear_modules
-    cfg = SolarOpen2Config.real() if name == "real" else SolarOpen2Config.tiny()
+    if name not in PRESETS: raise ValueError(f"--config {name!r}: expected one of {tuple(PRESETS)}")
+    cfg = SolarOpen2Config.tiny() if name == "tiny" else SolarOpen2Config.real()
+    if name == "rank": cfg = budget.rank_config(cfg, RANK_OF_TP)
     cfg.quantization_config = nvfp4.quantization_config("compressed-tensors", bf16_linear_modules(cfg))
     return cfg
 
@@ -872,7 +886,8 @@ def new_result(a, phase:str, argv:list)->dict:
             "git_commit": git_commit(ROOT), "git_dirty": git_dirty(ROOT), "source_sha256": source_digest(ROOT), "host": platform.node(), "settings": settings(a, phase),
             "versions": None, "gpu": None, "env": None, "plugin": None, "engine": None, "kv_pool": None,
             "memory": None, "figures": {}, "figure_details": {}, "profile": None, "sanity": {}, "skipped": [], "errors": [],
-            "timeline": [], "roofline_source": "solar_open2.budget.decode_ceiling, H200 4.8e12 B/s per GPU, same TP/context/batch"}
+            "timeline": [], "roofline_source": "solar_open2.budget.decode_ceiling, H200 4.8e12 B/s per GPU, same TP/context/batch",
+            "config_note": CONFIG_NOTES.get(a.config)}
 
 # --------------------------------------------------------------------------------------------------------------
 # one phase on the GPU
@@ -882,7 +897,7 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
     "Every measurement of one engine, in priority order, saving after each; skip what no longer fits the deadline."
     eng, vocab = llm.llm_engine, cfg.vocab_size
     seed = iter(range(10_000, 1_000_000))
-    scale = (1.0 if a.config == "real" else 0.3) * (1.0 if a._phase == "eager" else 0.3)   # needs: real eager; tiny, graphs cheaper
+    scale = (0.3 if a.config == "tiny" else 1.0) * (1.0 if a._phase == "eager" else 0.3)   # needs: real eager; tiny, graphs cheaper
 
     def warmup():                      # one stream at the first decode context, one full batch: new kernel variants
         run_requests(eng, [token_prompt(a.decode_contexts[0], vocab, next(seed))], 16, "warm-1")

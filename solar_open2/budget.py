@@ -14,7 +14,7 @@ __all__ = ['GiB', 'VOCAB_PADDING', 'KV_CACHE_DTYPES', 'MIN_KERNEL_BLOCK', 'GUARD
            'rank_bytes', 'weights_per_rank', 'kda_state_shapes', 'kda_state_bytes', 'kv_dtype_bytes',
            'attn_bytes_per_token', 'hybrid_block_size', 'KVLayout', 'kv_layout', 'kv_capacity', 'NodeMemory',
            'calibrate_node', 'spark', 'node_headroom', 'expected_experts', 'decode_bytes', 'decode_ceiling',
-           'BudgetPlan', 'plan', 'format_plan', 'save_plots', 'calculator', 'cli_budget']
+           'BudgetPlan', 'plan', 'format_plan', 'rank_config', 'save_plots', 'calculator', 'cli_budget']
 
 # %% ../nbs/07_budget.ipynb #4ad83b8d
 GiB = 2**30
@@ -431,6 +431,21 @@ def format_plan(p:BudgetPlan)->str:
         row(f"{k} ({bw/1e9:,.0f} GB/s)", f"{p.decode_ceiling_short[k]:.1f} / {p.decode_ceiling_full[k]:.1f}")
     if p.warnings: out += ["", *[f"WARNING: {w}" for w in p.warnings]]
     return "\n".join(out)
+
+# %% ../nbs/07_budget.ipynb #ee9603d8
+def rank_config(cfg:SolarOpen2Config, tp:int)->SolarOpen2Config:
+    "The model one of `tp` ranks runs, as a config served at TP1: the split dimensions divided by `tp`, the rest unchanged."
+    check_tp(cfg, tp)
+    vocab = _pad(cfg.vocab_size, VOCAB_PADDING) // tp                         # the rank's rows of embed/lm_head
+    if vocab % VOCAB_PADDING:
+        raise ValueError(f"--tensor-parallel-size {tp}: {vocab} vocabulary rows per rank is not a multiple of "
+                         f"{VOCAB_PADDING}; vLLM would pad it again at TP1")
+    d = cfg.to_dict()
+    d.update(vocab_size=vocab, num_attention_heads=cfg.num_attention_heads // tp,
+             num_key_value_heads=max(1, cfg.num_key_value_heads // tp),     # fewer KV heads than ranks: replicated, one each
+             moe_intermediate_size=cfg.moe_intermediate_size // tp,         # routed and shared experts
+             linear_attn_config={**cfg.linear_attn_config, "num_heads": cfg.kda_num_heads // tp})
+    return SolarOpen2Config.from_dict(d, source=f"rank_config(tp={tp})")
 
 # %% ../nbs/07_budget.ipynb #8a5751c0
 def save_plots(out_dir, tp:int=2, max_model_len:int=1_048_576, kv_cache_dtype:str="auto", cfg=None, dpi:int=60)->list:

@@ -43,6 +43,7 @@ def test_defaults_real_and_tiny():
     (["--decode-tokens", "2"], "--decode-tokens"),
     (["--decode-contexts", "x"], "--decode-contexts"),
     (["--phase", "fast"], "--phase"),
+    (["--config", "rank", "--tp", "2"], "--tp must be 1"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, needle, capsys):
     with pytest.raises(SystemExit) as e: ph.parse_args(argv)
@@ -335,6 +336,24 @@ def test_log_records_strip_colour_and_skip_other_lines():
     assert recs == [{"proc": "EngineCore", "pid": "7", "level": "INFO", "src": "kv_cache_utils.py:2146",
                      "msg": "GPU KV cache size: 1,234 tokens"}]
     assert ph.parse_engine_log(col)["kv_cache_tokens"] == 1234
+
+def test_rank_config_is_one_tp2_rank_served_at_tp1(tmp_path):
+    "--config rank: the real model's per-rank shapes at TP1, with the same KV pool, bytes and roofline as a TP2 rank."
+    r, real = ph.parse_args(["--config", "rank", "--phase", "graphs"]), ph.parse_args(["--phase", "graphs"])
+    assert (r.tp, real.tp) == (1, 2) and (r.max_model_len, r.kv_bytes, r.decode_contexts) == (real.max_model_len, real.kv_bytes, real.decode_contexts)
+    cr, cf = ph.model_config("rank"), ph.model_config("real")
+    assert (cr.num_attention_heads, cr.num_key_value_heads, cr.kda_num_heads, cr.moe_intermediate_size, cr.vocab_size) == (32, 4, 32, 640, 98_304)
+    assert cr.quantization_config == cf.quantization_config                 # same BF16 module names, same NVFP4 block
+    assert ph.kv_prediction(r)["log_lines"] == ph.kv_prediction(real)["log_lines"]
+    assert math.isclose(ph.decode_roofline(cr, 1, 2144)["per_seq_tok_s"], ph.decode_roofline(cf, 2, 2144)["per_seq_tok_s"])
+    assert ph.n_allreduces(cr, 1) == 0 and ph.n_allreduces(cf, 2) == 97
+    assert ph.engine_kwargs(r, tmp_path, "graphs")["tensor_parallel_size"] == 1
+    assert ph.stable_model_dir("rank") != ph.stable_model_dir("real")
+    d = ph.write_model_dir("rank", tmp_path / "m")
+    assert SolarOpen2Config.from_pretrained(d).to_dict() == cr.to_dict()
+    assert "not the TP2 figure" in ph.new_result(r, "graphs", [])["config_note"] and ph.new_result(real, "graphs", [])["config_note"] is None
+    assert ph.run_name("rank", "graphs", "gk6") == "perf_h200_rank_graphs_gk6"
+    with pytest.raises(ValueError, match="expected one of"): ph.model_config("huge")
 
 def test_kv_pool_prediction_matches_the_logged_lines():
     a = ph.parse_args(["--phase", "eager"])
