@@ -125,9 +125,9 @@ PLUGIN_KEYS = (
     ("gemv_kernel", GEMV_KERNEL, "small-batch dense projections, router and LM head through chapter 08i's kernels (on since 2026-11-30)"),
     ("kda_decode_kernel", KDA_DECODE_KERNEL, "KDA decode steps (conv, gate, delta rule, o_norm) through chapter 08j's one kernel (on since 2026-11-30)"),
     ("router_kernel", ROUTER_KERNEL, "MoE routing of decode batches (logits, top-8, weights) through chapter 08k's one kernel (on)"),
-    ("moe_pairs", MOE_PAIRS, "08k's routing kernel writes the activation pairs 08f's half2 gate/up loads, with --moe-backend emulation (off)"),
+    ("moe_pairs", MOE_PAIRS, "08k's routing kernel writes the activation pairs 08f's half2 gate/up loads, with --moe-backend emulation (on since 2026-12-01)"),
     ("gemv_pairs", GEMV_PAIRS, "two projections of one input in one launch where chapter 08i's PAIR_TILES says so: the attention layers' qkv_proj + g_proj (on since 2026-12-01)"),
-    ("kda_decode_gates", KDA_DECODE_GATES, "KDA decode steps in three launches: qkvb_proj + fg_a_proj in one GEMV (08i), the gates' up-projections and beta in 08j's kernel (off)"),
+    ("kda_decode_gates", KDA_DECODE_GATES, "KDA decode steps in three launches: qkvb_proj + fg_a_proj in one GEMV (08i), the gates' up-projections and beta in 08j's kernel (on since 2026-12-01)"),
 )
 
 def _env_pair(s:str)->tuple:
@@ -418,6 +418,7 @@ def single_stream_stats(rec:dict)->dict:
                    itl_median_ms=1e3 * med, itl_p90_ms=1e3 * sorted(gaps)[int(0.9 * (len(gaps) - 1))],
                    itl_max_ms=1e3 * max(gaps),
                    stall_s=sum(g - med for g in gaps if g > 2 * med),      # time in gaps over twice the median
+                   median_tok_s=1.0 / med,                                  # the rate without the stalls
                    itl_top=[[i, round(1e3 * gaps[i], 3)] for i in top])    # [gap index, ms]: where the window lost time
     return out
 
@@ -779,17 +780,30 @@ SEGMENT_KINDS = (("kda mixer", re.compile(r"gated_delta_rule|chunk_kda|kda_", re
                  ("attention mixer", re.compile(r"flash|attention|attn", re.I)),
                  ("moe", re.compile(r"topk|top_k|moe|marlin|expert", re.I)))
 
-def layer_segments(trace:dict, min_segments:int=2)->dict:
-    """A decode step's GPU kernels cut at every all-reduce into the pieces between them: a KDA or attention mixer, or
+# where a TP1 trace (--config rank) is cut into layers: the residual add + RMSNorm after each mixer and each MoE,
+# which at TP > 1 is fused into the all-reduce
+NORM_CUT = re.compile(r"add_rms_norm|fused_add_rms", re.I)
+
+def is_cut(name:str, cat:str, cut:str)->bool:
+    "Whether kernel `name` ends a segment: an all-reduce (`cut='allreduce'`) or a residual add + RMSNorm (`cut='norm'`)."
+    if cut == "allreduce": return classify_kernel(name, cat) == "allreduce"
+    if cut == "norm": return bool(NORM_CUT.search(name))
+    raise ValueError(f"cut must be 'allreduce' or 'norm', got {cut!r}")
+
+def layer_segments(trace:dict, min_segments:int=2, cut:str="auto")->dict:
+    """A decode step's GPU kernels cut at every all-reduce (at TP1, with none in the trace: every residual add +
+    RMSNorm; `cut` forces either) into the pieces between them: a KDA or attention mixer, or
     a MoE, each named by the kernels it holds. Per kind, the most common kernel sequence (its `signature`), with the
     median duration and the stream of each kernel over the segments that have it, the median sum of kernel time and
     the median span from the first start to the last end (kernels on a second stream overlap; gaps count)."""
     ev = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
     gpu = sorted((e for e in ev if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                  key=lambda e: e["ts"])
+    if cut == "auto":
+        cut = "allreduce" if any(is_cut(str(e.get("name", "")), e["cat"], "allreduce") for e in gpu) else "norm"
     segs, cur = [], None
     for e in gpu:
-        if classify_kernel(str(e.get("name", "")), e["cat"]) == "allreduce":
+        if is_cut(str(e.get("name", "")), e["cat"], cut):
             if cur: segs.append(cur)
             cur = []
         elif cur is not None: cur.append(e)
@@ -900,7 +914,10 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
     scale = (0.3 if a.config == "tiny" else 1.0) * (1.0 if a._phase == "eager" else 0.3)   # needs: real eager; tiny, graphs cheaper
 
     def warmup():                      # one stream at the first decode context, one full batch: new kernel variants
-        run_requests(eng, [token_prompt(a.decode_contexts[0], vocab, next(seed))], 16, "warm-1")
+        # graphs: the stream decodes as far as the measurement will (the rank runs showed one 0.28-0.39 s gap at the
+        # 97th token, 2,144 = 2 x 1,072-token KV blocks, in 3 of 7 first crossings); eager: 16 tokens (6 tok/s)
+        n = 16 if a._phase == "eager" else a.decode_tokens
+        run_requests(eng, [token_prompt(a.decode_contexts[0], vocab, next(seed))], n, "warm-1")
         run_requests(eng, [token_prompt(64, vocab, next(seed)) for _ in range(max(a.batch_sizes))], 8, "warm-b")
         if not (a.smi_during_measure or a.smi_ab): res["smi_stopped_after_warmup"] = stop_smi(getattr(a, "_smi", None))
 
@@ -1244,18 +1261,33 @@ def run_all(a, argv:list)->int:
     return max(rc, run_merge(a))
 
 LOG_FILE = "perf_log.jsonl"
-LOG_FIELDS = ("date", "change", "figure", "phase", "predicted_tok_s", "measured_tok_s", "measured_over_predicted",
-              "baseline_tok_s", "results", "commit", "note")
+LOG_FIELDS = ("date", "change", "figure", "phase", "config", "measured_from", "predicted_tok_s", "measured_tok_s",
+              "measured_over_predicted", "baseline_tok_s", "results", "commit", "note")
 
 def log_entry(change:str, figure:str, predicted:float, measured:float|None=None, phase:str="graphs",
-              baseline:float|None=None, results:str|None=None, note:str="", commit:str|None=None, date:str|None=None)->dict:
+              baseline:float|None=None, results:str|None=None, note:str="", commit:str|None=None, date:str|None=None,
+              config:str="real", measured_from:str="window")->dict:
     "One row of the prediction-vs-outcome log (what an optimisation step expects, and what it got)."
     if not change or not figure: raise ValueError("a log entry needs --change and --figure")
     if predicted is None or predicted <= 0: raise ValueError(f"--predicted must be a positive tok/s, got {predicted!r}")
+    if config not in PRESETS: raise ValueError(f"--config {config!r}: expected one of {tuple(PRESETS)}")
+    if measured_from not in MEASURED_FROM: raise ValueError(f"--measured-from {measured_from!r}: expected one of {MEASURED_FROM}")
     return {"date": date or datetime.date.today().isoformat(), "change": change, "figure": figure, "phase": phase,
+            "config": config, "measured_from": measured_from,
             "predicted_tok_s": predicted, "measured_tok_s": measured,
             "measured_over_predicted": None if measured is None else round(measured / predicted, 3),
             "baseline_tok_s": baseline, "results": results, "commit": commit, "note": note}
+
+MEASURED_FROM = ("window", "median")   # a figure's tok/s over its whole window, or 1 / its median inter-token time
+
+def measured_value(results:dict, figure:str, measured_from:str="window", source:str="results")->float:
+    "The tok/s of `figure` in a phase JSON: its window rate, or 1 / the median inter-token time (host stalls left out)."
+    figs = results.get("figures", {})
+    if figure not in figs: raise ValueError(f"{source}: no figure {figure!r} (has {sorted(figs)})")
+    if measured_from == "window": return figs[figure]["value_tok_s"]
+    med = figs[figure].get("itl_median_ms")
+    if not med: raise ValueError(f"{source}: figure {figure!r} has no itl_median_ms (not a single-stream decode figure)")
+    return 1e3 / med
 
 def cli_log(argv:list)->int:
     ap = argparse.ArgumentParser(prog="perf_h200.py log", description="append one prediction-vs-outcome row to "
@@ -1264,20 +1296,24 @@ def cli_log(argv:list)->int:
     ap.add_argument("--figure", required=True, help="figure key, e.g. decode_bs1_ctx2048")
     ap.add_argument("--predicted", type=float, required=True, help="predicted tok/s after the change")
     ap.add_argument("--measured", type=float, help="measured tok/s (default: read --results)")
+    ap.add_argument("--measured-from", choices=MEASURED_FROM, default="window",
+                    help="with --results: the figure's window rate, or 1 / its median inter-token time")
+    ap.add_argument("--config", choices=tuple(PRESETS), help="the preset measured (default: --results' config, else real)")
     ap.add_argument("--phase", default="graphs", choices=PHASES)
     ap.add_argument("--results", type=Path, help="phase JSON to read the measured value from")
     ap.add_argument("--baseline", type=float, help="tok/s before the change")
     ap.add_argument("--note", default="")
     ap.add_argument("--log", type=Path, default=RESULTS / LOG_FILE)
     a = ap.parse_args(argv)
-    measured = a.measured
+    measured, config = a.measured, a.config
     try:
-        if measured is None and a.results:
-            figs = json.loads(a.results.read_text()).get("figures", {})
-            if a.figure not in figs: raise ValueError(f"{a.results}: no figure {a.figure!r} (has {sorted(figs)})")
-            measured = figs[a.figure]["value_tok_s"]
+        if a.results:
+            res = json.loads(a.results.read_text())
+            config = config or res.get("config", "real")
+            if measured is None: measured = measured_value(res, a.figure, a.measured_from, str(a.results))
         e = log_entry(a.change, a.figure, a.predicted, measured, a.phase, a.baseline,
-                      str(a.results) if a.results else None, a.note, git_commit(ROOT))
+                      str(a.results) if a.results else None, a.note, git_commit(ROOT), config=config or "real",
+                      measured_from=a.measured_from)
     except (ValueError, OSError, json.JSONDecodeError) as err:
         print(f"perf_h200.py log: {err}", file=sys.stderr); return 2
     a.log.parent.mkdir(parents=True, exist_ok=True)

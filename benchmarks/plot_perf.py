@@ -12,7 +12,7 @@ to the bytes-per-token model. Without results it draws the rooflines and the mod
 measured". Writes `perf_h200.png` beside the JSON unless --out says otherwise.
 """
 from __future__ import annotations
-import argparse, sys
+import argparse, re, sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -174,24 +174,27 @@ def plot_ab(ab:dict, out:Path|None=None):
         fig.savefig(out, dpi=110)
     return fig
 
-def progress_rows(log:list, figure:str="decode_bs1_ctx2048", phase:str="graphs")->list:
-    "The log's measured outcomes of `figure` in `phase`, in order: one row per measured change (label, predicted, measured)."
+PROGRESS_TITLES = {"real": "2x H200 TP2", "rank": "one TP2 rank, one H200", "tiny": "tiny, one GPU"}
+
+def progress_rows(log:list, figure:str="decode_bs1_ctx2048", phase:str="graphs", config:str="real")->list:
+    "The log's measured outcomes of `figure` in `phase` for `config` (rows without one: real), in order: label, predicted, measured."
     rows = []
     for r in log:
         if r.get("figure") != figure or r.get("phase") != phase or r.get("measured_tok_s") is None: continue
-        label = str(r["change"]).removeprefix("outcome: ").split(";")[0].split(" (")[0]
+        if r.get("config", "real") != config: continue
+        label = re.sub(r"^outcome(?: \([^)]*\))?: ", "", str(r["change"])).split(";")[0].split(" (")[0]
         rows.append({"label": label, "date": r["date"], "predicted": r.get("predicted_tok_s"), "measured": r["measured_tok_s"],
                      "results": r.get("results")})
     return rows
 
-def plot_progress(log:list, roofline:float, out:Path|None=None, figure:str="decode_bs1_ctx2048"):
+def plot_progress(log:list, roofline:float, out:Path|None=None, figure:str="decode_bs1_ctx2048", config:str="real"):
     "One panel: each measured change's single-stream decode (bars) and its prediction (dots), the roofline and the 60 % target."
     import matplotlib
     if out is not None: matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import textwrap
-    rows = progress_rows(log, figure)
-    if not rows: raise ValueError(f"the log has no measured {figure} outcome")
+    rows = progress_rows(log, figure, config=config)
+    if not rows: raise ValueError(f"the log has no measured {figure} outcome of --config {config}")
     fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(rows)), 4.4))
     x = range(len(rows))
     bars = ax.bar(x, [r["measured"] for r in rows], color=COLORS["graphs"], label="measured")
@@ -204,7 +207,7 @@ def plot_progress(log:list, roofline:float, out:Path|None=None, figure:str="deco
     ax.set_xticks(list(x), ["\n".join(textwrap.wrap(r["label"], 20)[:4]) for r in rows], fontsize=6)
     ax.set_ylabel("tok/s, one stream, 2K prompt", fontsize=8); ax.tick_params(labelsize=7)
     ax.set_ylim(0, 1.1 * roofline); ax.legend(fontsize=7, loc="upper left")
-    ax.set_title(f"{figure}, CUDA graphs, 2x H200 TP2: every measured change (perf_log.jsonl)", fontsize=9)
+    ax.set_title(f"{figure}, CUDA graphs, {PROGRESS_TITLES[config]}: every measured change (perf_log.jsonl)", fontsize=9)
     fig.tight_layout()
     if out is not None: fig.savefig(out, dpi=120); plt.close(fig)
     return fig
@@ -222,7 +225,7 @@ def main(argv:list|None=None)->int:
         cfg = ph.model_config(a.config)
         roof = ph.decode_roofline(cfg, ph.PRESETS[a.config]["tp"], 2048 + 96)["per_seq_tok_s"]
         out = a.out or a.results_dir / f"{ph.stem(a.config)}_progress.png"
-        plot_progress(log, roof, out)
+        plot_progress(log, roof, out, config=a.config)
         print(f"wrote {out}")
         return 0
     if a.ab:

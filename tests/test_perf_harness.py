@@ -552,6 +552,16 @@ def test_layer_segments_cut_at_allreduces_and_take_medians(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_h200.py"), "layers", str(tmp_path / "none.json")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no such trace file" in r.stderr
 
+def test_layer_segments_of_a_tp1_trace_cut_at_the_norms():
+    "--config rank traces have no all-reduce: the residual add + RMSNorm kernels cut them instead."
+    tp2 = _layer_trace(3)
+    tp1 = {"traceEvents": [dict(e, name="triton_red_fused_add_fused_add_rms_norm_1") if "allreduce" in e["name"] else e
+                           for e in tp2["traceEvents"]]}
+    assert ph.layer_segments(tp1) == ph.layer_segments(tp2)
+    assert ph.layer_segments(tp1, cut="allreduce") == {}                     # nothing to cut at
+    assert ph.layer_segments(tp2, cut="norm") == {}
+    with pytest.raises(ValueError, match="cut must be"): ph.layer_segments(tp1, cut="layer")
+
 def test_trace_files_rank0_first(tmp_path):
     import gzip
     for n in ("dp0_pp0_tp1_dcp0_ep0_rank1.123.pt.trace.json.gz", "dp0_pp0_tp0_dcp0_ep0_rank0.124.pt.trace.json.gz"):
@@ -633,6 +643,19 @@ def test_prediction_log(tmp_path, capsys):
     assert ph.cli_log(["--change", "x", "--figure", "f", "--predicted", "-1", "--log", str(log)]) == 2
     assert ph.main(["log", "--change", "graph sizes", "--figure", "decode_bs8", "--predicted", "900", "--log", str(log)]) == 0
     assert [r["measured_tok_s"] for r in ph.read_log(log)] == [measured, None]
+    assert [(r["config"], r["measured_from"]) for r in ph.read_log(log)] == [("real", "window")] * 2
+    rk = ph.parse_args(["--config", "rank", "--phase", "graphs"])              # a rank run, logged by its median
+    g = _phase_result(rk, "graphs", 2.0)
+    g["figures"]["decode_bs1_ctx2048"]["itl_median_ms"] = 4.0
+    ph.write_json(g, [res])
+    assert ph.cli_log(["--change", "r", "--figure", "decode_bs1_ctx2048", "--predicted", "240", "--results", str(res),
+                       "--measured-from", "median", "--log", str(log)]) == 0
+    last = ph.read_log(log)[-1]
+    assert (last["config"], last["measured_from"], last["measured_tok_s"]) == ("rank", "median", 250.0)
+    assert ph.cli_log(["--change", "r", "--figure", "prefill_ctx8192", "--predicted", "1", "--results", str(res),
+                       "--measured-from", "median", "--log", str(log)]) == 2
+    assert "no itl_median_ms" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--config 'huge'"): ph.log_entry("c", "f", 1.0, config="huge")
     assert ph.read_log(tmp_path / "absent.jsonl") == []
 
 def test_committed_prediction_log_is_well_formed():
@@ -848,6 +871,12 @@ def test_progress_rows_and_plot(tmp_path):
     pp.plot_progress(log, 478.6, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="no measured decode_bs1_ctx2048"): pp.plot_progress(log[1:2], 478.6, tmp_path / "q.png")
+    log.append({"figure": "decode_bs1_ctx2048", "phase": "graphs", "config": "rank", "change": "outcome (rank): r6 (all on)", "date": "d",
+                "predicted_tok_s": 207.7, "measured_tok_s": 211.6})
+    assert [r["label"] for r in pp.progress_rows(log)] == ["baseline, CUDA graphs", "fused KDA projections"]   # rows without a config: real
+    assert [r["label"] for r in pp.progress_rows(log, config="rank")] == ["r6"]
+    pp.plot_progress(log, 478.6, tmp_path / "r.png", config="rank")
+    assert (tmp_path / "r.png").stat().st_size > 10_000
 
 def test_stop_smi_stops_the_sampler_once(tmp_path):
     "The measurements run without the nvidia-smi sampler (it cost one decode window a 317 ms gap): stop_smi ends it."

@@ -274,7 +274,7 @@ class SolarOpen2KDA(nn.Module, MambaBase):
                             and gate_kernel_applies(self))
         # chapter 08j: a decode batch's conv, gate, delta rule and o_norm in one kernel (default on, CUDA)
         self.decode_kernel = kda_decode_kernel_enabled(vllm_config) and decode_kernel_applies(self)
-        # chapter 08j's gates mode: qkvb_proj + fg_a_proj in one GEMV, the gates' up-projections and beta in the kernel (default off)
+        # chapter 08j's gates mode: qkvb_proj + fg_a_proj in one GEMV, the gates' up-projections and beta in the kernel (default on)
         self.decode_gates = kda_decode_gates_enabled(vllm_config) and decode_gates_applies(self)
         self.gemv_pairs = (("qkvb_proj", "fg_a_proj"),) if self.decode_gates else ()   # 08i: one launch, used only by that mode
         # depthwise conv weights of q, k, v stacked: fp32, never quantized; [3·P/tp, K] -> [3·P/tp, 1, K] like the checkpoint's

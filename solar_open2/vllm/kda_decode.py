@@ -347,8 +347,8 @@ def lr_check(cases=LR_CHECK_CASES, device:str="cpu", dtype:str="float32", seed:i
 
 # %% ../../nbs/08j_vllm_kda_decode.ipynb #fe058a9f
 def kda_decode_gates_enabled(vllm_config)->bool:
-    "Whether `solar_open2_kda_decode_gates` is on in vLLM's `additional_config` (default off)."
-    return plugin_flag(vllm_config, KDA_DECODE_GATES, False)
+    "Whether `solar_open2_kda_decode_gates` is on in vLLM's `additional_config` (default on)."
+    return plugin_flag(vllm_config, KDA_DECODE_GATES, True)
 
 def decode_gates_applies(layer:torch.nn.Module)->bool:
     "Whether the layer's decode steps can take the gates mode: the kernel in use, and the low-rank gates 08h's kernels take (fused, unquantized, no bias)."

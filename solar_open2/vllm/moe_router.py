@@ -184,8 +184,8 @@ def pairs_emit_check(device:str="cpu")->list:
 
 # %% ../../nbs/08k_vllm_moe_router.ipynb #8c88c494
 def moe_pairs_enabled(vllm_config)->bool:
-    "Whether `solar_open2_moe_pairs` is on (default off): the routing kernel writes the activation pairs 08f's gate/up reads."
-    return plugin_flag(vllm_config, MOE_PAIRS, False)
+    "Whether `solar_open2_moe_pairs` is on (default on): the routing kernel writes the activation pairs 08f's gate/up reads."
+    return plugin_flag(vllm_config, MOE_PAIRS, True)
 
 def router_kernel_enabled(vllm_config)->bool:
     "Whether `solar_open2_router_kernel` is on (default on) and the parallel layout allows it (no data or expert parallelism, no DBO)."
