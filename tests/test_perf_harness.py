@@ -410,10 +410,11 @@ def test_batch_stats_uses_the_all_decoding_window():
 
 class FakeEngine:
     "LLMEngine's add_request / step / has_unfinished_requests, emitting DELTA outputs one token per step."
-    def __init__(self, step_s=0.001): self.reqs, self.step_s = {}, step_s
+    def __init__(self, step_s=0.001): self.reqs, self.step_s, self.asked = {}, step_s, {}
     def add_request(self, rid, prompt, params):
         assert set(prompt) == {"prompt_token_ids"} and params.max_tokens >= 1 and params.ignore_eos
         self.reqs[rid] = [len(prompt["prompt_token_ids"]), params.max_tokens]
+        self.asked[rid] = (len(prompt["prompt_token_ids"]), params.max_tokens)
     def has_unfinished_requests(self): return any(v[1] > 0 for v in self.reqs.values())
     def step(self):
         time.sleep(self.step_s)
@@ -793,6 +794,16 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
     s = json.loads((tmp_path / "perf_h200_ab.json").read_text())
     assert s["baseline"] == "separate" and s["variants"]["fused"]["figures"]["decode_bs1_ctx2048"]["over_baseline"] == 1.25
     assert s["variants"]["separate"]["profile"]["kernels_per_step"] == 800
+
+def test_the_graphs_warmup_decodes_as_far_as_the_measurement(tmp_path, isolated_env):
+    "The graphs warm-up stream crosses every KV block the measured stream will (a first crossing stalled one window)."
+    for phase, want in (("graphs", 20), ("eager", 16)):
+        rc, _ = _fake_phase(tmp_path / phase, isolated_env, ["--phase", phase, "--decode-tokens", "20", "--only", "decode"],
+                            f"perf_h200_{phase}")
+        asked = FakeLLM.last.llm_engine.asked
+        warm = [v for k, v in asked.items() if "warm-1" in k]
+        meas = [v for k, v in asked.items() if "dec2048" in k]
+        assert rc == 0 and warm == [(2048, want)] and meas == [(2048, 20)], asked
 
 def test_a_phase_past_its_deadline_skips_and_says_so(tmp_path, isolated_env):
     rc, r = _fake_phase(tmp_path, isolated_env, ["--deadline-s", "1"])
