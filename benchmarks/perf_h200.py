@@ -914,8 +914,8 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
     scale = (0.3 if a.config == "tiny" else 1.0) * (1.0 if a._phase == "eager" else 0.3)   # needs: real eager; tiny, graphs cheaper
 
     def warmup():                      # one stream at the first decode context, one full batch: new kernel variants
-        # graphs: the stream decodes as far as the measurement will (the rank runs showed one 0.28-0.39 s gap at the
-        # 97th token, 2,144 = 2 x 1,072-token KV blocks, in 3 of 7 first crossings); eager: 16 tokens (6 tok/s)
+        # graphs: the stream decodes as far as the measurement will (two rank runs had one 0.28-0.39 s gap at the 97th
+        # step, where 2,144 tokens open the third 1,072-token KV block); eager: 16 tokens (6 tok/s)
         n = 16 if a._phase == "eager" else a.decode_tokens
         run_requests(eng, [token_prompt(a.decode_contexts[0], vocab, next(seed))], n, "warm-1")
         run_requests(eng, [token_prompt(64, vocab, next(seed)) for _ in range(max(a.batch_sizes))], 8, "warm-b")
