@@ -24,7 +24,7 @@ fewer instructions per code is the quantity to buy, but only a GPU run says what
 
 Output: benchmarks/moe_explore/results/e4m3_sass.json (and $OUT/ when set).
 """
-import collections, json, os, re, subprocess, sys, tempfile
+import json, os, sys
 from pathlib import Path
 import torch
 import triton
@@ -33,7 +33,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from solar_open2 import nvfp4                              # noqa: E402
-from solar_open2.vllm.moe_decode import DOT16_PTX           # noqa: E402
+from solar_open2.vllm.moe_decode import DOT16_PTX, compiled_loop   # noqa: E402
 
 _E4M3_WORD = """
 shl.b32 t, {w}, 2; and.b32 t, t, 0x1C1C1C1C; shl.b32 u, {w}, 4; and.b32 u, u, 0x80808080; or.b32 e, t, u;
@@ -83,36 +83,19 @@ def dot_loop_kernel(w_ptr, p_ptr, o_ptr, NB, DOT:tl.constexpr, BLOCK:tl.constexp
 CORE_OPS = ("LOP3", "IMAD", "SHF", "PRMT", "F2FP", "HFMA2")   # the decode and the packed FMAs (not addresses, loads, the sum)
 
 def loop_sass(dot:str, arch:int=90, block:int=512, num_warps:int=4)->dict:
-    "Compile `dot_loop_kernel` for sm_`arch` and count its loop's SASS; per 16-code block per thread."
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    "Compile `dot_loop_kernel` with `dot` for sm_`arch` (08f's `compiled_loop`) and count its loop's SASS per 16-code block per thread."
     sig = dict(w_ptr="*i64", p_ptr="*i32", o_ptr="*fp32", NB="i32", DOT="constexpr", BLOCK="constexpr")
-    c = triton.compile(ASTSource(fn=dot_loop_kernel, signature=sig, constexprs=dict(DOT=DOTS[dot][0], BLOCK=block)),
-                       target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=1))
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f: f.write(c.asm["cubin"])
-        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
-    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = [[t for a, t in ins if int(m[1], 16) <= a <= pc] for pc, t in ins
-             for m in [re.search(r"BRA\b.*?(0x[0-9a-f]+)", t)] if m and int(m[1], 16) < pc]
-    if not loops: raise RuntimeError("no loop in the SASS")
-    body = max(loops, key=len)
-    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t.strip()).split()[0] for t in body)
+    body, ops = compiled_loop(dot_loop_kernel, sig, dict(DOT=DOTS[dot][0], BLOCK=block), arch, num_warps)
     blocks = block // (32 * num_warps)                                  # 16-code blocks per thread per iteration
     loads = sum(v for k, v in ops.items() if k.startswith("LDG"))
     core = sum(v for k, v in ops.items() if k.split(".")[0] in CORE_OPS and not k.startswith("IMAD.WIDE"))
     return {"dot": dot, "arch": arch, "loop_instructions": len(body), "blocks_per_thread": blocks,
             "per_block": round(len(body) / blocks, 2), "per_block_without_loads": round((len(body) - loads) / blocks, 2),
-            "decode_and_fma_per_block": round(core / blocks, 2),
-            "ops": dict(ops.most_common())}
+            "decode_and_fma_per_block": round(core / blocks, 2), "ops": ops}
 
 def e4m3_formula_check()->dict:
     "The byte formula against torch's E4M3 decode: every code alone, and every byte of two codes through both masks."
-    vals = nvfp4.E2M1_VALUES if hasattr(nvfp4, "E2M1_VALUES") else None
-    ref = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])   # E2M1 by code
-    if vals is not None: assert torch.equal(torch.as_tensor(vals, dtype=torch.float32).flatten()[:16].abs(), ref.abs())
+    ref = nvfp4.E2M1_VALUES                                              # the codec's values, by code
     byte = lambda c: ((c & 8) << 4) | ((c & 7) << 2)
     one = torch.tensor([byte(c) for c in range(16)], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     ok_one = bool(torch.equal(one * 64, ref))

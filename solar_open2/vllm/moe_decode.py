@@ -20,7 +20,7 @@ __all__ = ['DOT16_PTX', 'TILES', 'READS', 'PAIR_TILES', 'CHECK_CASES', 'NVFP4Exp
            'act_pairs', 'dot16', 'tile_dot_half2', 'moe_gate_up_kernel', 'moe_down_kernel', 'block_k_for', 'Tile',
            'read_flags', 'codes_for', 'interpreting', 'check_pairs', 'tiles_for', 'moe_decode_triton',
            'act_pairs_kernel', 'act_pairs_store', 'pairs_buffers', 'act_pairs_triton', 'pairs_check', 'self_check',
-           'sass_loop']
+           'compiled_loop', 'sass_loop']
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #11bf17d0
 @dataclass(eq=False)
@@ -589,12 +589,32 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, swap_nibbles:boo
     return out
 
 # %% ../../nbs/08f_vllm_moe_decode.ipynb #c3d4e5f6
-def sass_loop(kernel:str="gate_up", tile:Tile=Tile(1, 1024, num_stages=2, words=True), topk:int=8, arch:int=90)->dict:
-    """Compile `moe_{kernel}_kernel` for `sm_{arch}` without a GPU and count the SASS of its K loop: instructions, the
-    bytes of codes one thread reads per iteration, the ratio, and the instruction mix (`ops`)."""
+def compiled_loop(fn, # a `@triton.jit` function
+                  signature:dict, # argument name -> Triton type string ("*i32", "i32", "constexpr", ...)
+                  constexprs:dict, # the constexpr values
+                  arch:int=90, num_warps:int=4, num_stages:int=1)->tuple:
+    """Compile `fn` for `sm_{arch}` without a GPU; return the SASS of its main loop (the longest backward branch) as a
+    list of instructions, and their mix (`{opcode: count}`, predicates dropped)."""
     import collections, re, subprocess, tempfile
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    c = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", arch, 32),
+                       options=dict(num_warps=num_warps, num_stages=num_stages))
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f: f.write(c.asm["cubin"])
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = [[t for a, t in ins if int(m[1], 16) <= a <= pc] for pc, t in ins
+             for m in [re.search(r"BRA\b.*?(0x[0-9a-f]+)", t)] if m and int(m[1], 16) < pc]
+    if not loops: raise RuntimeError(f"no loop found in the SASS of {getattr(fn, '__name__', fn)} for sm_{arch}")
+    body = max(loops, key=len)
+    return body, dict(collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t.strip()).split()[0] for t in body).most_common())
+
+def sass_loop(kernel:str="gate_up", tile:Tile=Tile(1, 1024, num_stages=2, words=True), topk:int=8, arch:int=90)->dict:
+    """Compile `moe_{kernel}_kernel` for `sm_{arch}` without a GPU and count the SASS of its K loop: instructions, the
+    bytes of codes one thread reads per iteration, the ratio, and the instruction mix (`ops`)."""
     if kernel not in ("gate_up", "down"): raise ValueError(f"kernel must be 'gate_up' or 'down', got {kernel!r}")
     codes = {"bytes": "*u8", "words": "*i32", "half2": "*i64"}[tile.read]
     common = dict(ids_ptr="*i32", w_ptr=codes, s_ptr="*fp8e4nv", g_ptr="*fp32")
@@ -609,20 +629,8 @@ def sass_loop(kernel:str="gate_up", tile:Tile=Tile(1, 1024, num_stages=2, words=
     consts = dict(KP=KP, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, NUM_STAGES=tile.num_stages, WORDS=tile.words,
                   HALF2=tile.half2, ASM=True)
     sig.update({k: "constexpr" for k in consts})
-    c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
-                       options=dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f: f.write(c.asm["cubin"])
-        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
-    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = [[t for a, t in ins if int(m[1], 16) <= a <= pc] for pc, t in ins
-             for m in [re.search(r"BRA\b.*?(0x[0-9a-f]+)", t)] if m and int(m[1], 16) < pc]
-    if not loops: raise RuntimeError(f"no loop found in the SASS of moe_{kernel}_kernel at {tile}")
-    body = max(loops, key=len)
-    ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t.strip()).split()[0] for t in body)
+    body, ops = compiled_loop(fn, sig, consts, arch, tile.num_warps, tile.num_stages)
     rows = KP * tile.block_n * (2 if kernel == "gate_up" else 1)            # gate and up rows are read in one loop
     per_thread = rows * tile.block_k // 2 / (32 * tile.num_warps)          # code bytes per thread per iteration
     return {"kernel": kernel, "tile": tile, "arch": arch, "instructions": len(body), "bytes_per_thread": per_thread,
-            "per_byte": round(len(body) / per_thread, 2), "ops": dict(ops.most_common())}
+            "per_byte": round(len(body) / per_thread, 2), "ops": ops}
