@@ -187,6 +187,10 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")
+    ap.add_argument("--attention-backend", help="vLLM's attention backend for the full-attention layers (attention_config "
+                    "backend: FLASH_ATTN, TRITON_ATTN, FLASHINFER, ...); default: vLLM's choice, recorded from its log")
+    ap.add_argument("--attn-max-splits", type=int, help="attention_config flash_attn_max_num_splits_for_cuda_graph: the "
+                    "most KV splits of FlashAttention's decode under CUDA graphs (vLLM's default 32)")
     ap.add_argument("--compile-sizes", type=_ints, help="graphs phase: vLLM compile_sizes, batch sizes compiled as static "
                     "graphs (with --max-autotune, the sizes inductor autotunes its GEMMs for)")
     ap.add_argument("--max-autotune", action="store_true",
@@ -238,6 +242,10 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
         raise ValueError(f"--batch-sizes {max(a.batch_sizes)} exceeds --max-num-seqs {a.max_num_seqs}")
     for flag in ("decode_tokens", "batch_tokens", "prefill_repeats", "profile_steps", "max_num_seqs", "batch_prompt"):
         if getattr(a, flag) < 1: raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    if a.attn_max_splits is not None and a.attn_max_splits < 1:
+        raise ValueError(f"--attn-max-splits must be >= 1, got {a.attn_max_splits}")
+    if a.attention_backend is not None and not re.fullmatch(r"[A-Z0-9_]+", a.attention_backend):
+        raise ValueError(f"--attention-backend {a.attention_backend!r}: a name of vLLM's AttentionBackendEnum, e.g. TRITON_ATTN")
     if a.decode_tokens < 3: raise ValueError("--decode-tokens must be >= 3 (the decode rate needs two intervals)")
     if a.kv_bytes <= 0: raise ValueError(f"--kv-cache-memory-bytes must be positive, got {a.kv_cache_memory_bytes!r}")
     if a.variant is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", a.variant):
@@ -350,6 +358,9 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
               enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
+    att = {k: v for k, v in (("backend", a.attention_backend), ("flash_attn_max_num_splits_for_cuda_graph", a.attn_max_splits))
+           if v is not None}
+    if att: kw["attention_config"] = att
     ac = {key: getattr(a, dest) for dest, key, _ in PLUGIN_KEYS if getattr(a, dest) is not None}
     if ac: kw["additional_config"] = ac
     if phase == "eager": kw["enforce_eager"] = True
@@ -883,7 +894,8 @@ def settings(a, phase:str)->dict:
             "load_format": "dummy", "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
             "enforce_eager": phase == "eager", "compile": None if phase == "eager" else a.compile,
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
-            "moe_backend_requested": a.moe_backend, **{dest: getattr(a, dest) for dest, _, _ in PLUGIN_KEYS},
+            "moe_backend_requested": a.moe_backend, "attention_backend_requested": a.attention_backend,
+            "attn_max_splits": a.attn_max_splits, **{dest: getattr(a, dest) for dest, _, _ in PLUGIN_KEYS},
             "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
             "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
             "env": dict(a.env or []),

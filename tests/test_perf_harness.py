@@ -109,6 +109,22 @@ def test_engine_kwargs_are_valid_vllm_arguments(tmp_path):
     assert cc.mode == 0 and cc.cudagraph_mode.name == "FULL_DECODE_ONLY"
     with pytest.raises(ValueError, match="phase"): ph.engine_kwargs(a, m, "fast")
 
+def test_attention_flags_reach_the_engine_and_the_settings(tmp_path):
+    a = ph.parse_args(["--phase", "graphs"])
+    assert "attention_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")          # vLLM's own choice
+    assert (ph.settings(a, "graphs")["attention_backend_requested"], ph.settings(a, "graphs")["attn_max_splits"]) == (None, None)
+    b = ph.parse_args(["--phase", "graphs", "--attention-backend", "TRITON_ATTN", "--attn-max-splits", "8"])
+    for phase in ("eager", "graphs"):
+        assert ph.engine_kwargs(b, str(tmp_path), phase)["attention_config"] == {
+            "backend": "TRITON_ATTN", "flash_attn_max_num_splits_for_cuda_graph": 8}
+    assert (ph.settings(b, "graphs")["attention_backend_requested"], ph.settings(b, "graphs")["attn_max_splits"]) == ("TRITON_ATTN", 8)
+    for bad, msg in ((["--attn-max-splits", "0"], "--attn-max-splits"), (["--attention-backend", "triton attn"], "--attention-backend")):
+        with pytest.raises(ValueError, match=msg): ph.resolve(ph.build_parser().parse_args(["--phase", "graphs", *bad]))
+    if importlib.util.find_spec("vllm") is not None:                          # vLLM parses both into its AttentionConfig
+        from vllm.engine.arg_utils import EngineArgs
+        ac = EngineArgs(**ph.engine_kwargs(b, str(tmp_path), "graphs")).attention_config
+        assert (ac.backend.name, ac.flash_attn_max_num_splits_for_cuda_graph) == ("TRITON_ATTN", 8)
+
 def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
     assert not a.fuse_kda_proj and "additional_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")
