@@ -41,7 +41,7 @@ A/B (`--phase ab`): each `--ab NAME=FLAGS` runs as its own graphs-phase child pr
 plus every other flag given), one after the other in the same job, on the same machine, with the same settings;
 then `perf_h200_ab.json` holds each variant's figures and profile families and every figure's ratio to the first
 variant. `--only` limits the measurements (warm-up always runs) to save engine time. The A/B gives each later
-variant `AB_RESERVE_S`, which assumes warm caches: on a fresh machine the first engine spent 466 s before it was ready
+variant `AB_RESERVE_S[config]`, which assumes warm caches: on a fresh machine the first engine spent 466 s before it was ready
 (3 min in flashinfer's all-reduce JIT, 150 s in vLLM's profiling/warm-up; 2026-11-30), past its allotment, and the
 whole call measured nothing. Warm the caches in an earlier call with the same flags and `--only warmup`.
 
@@ -1223,7 +1223,11 @@ def ab_summary(runs:dict)->dict:
             if prof and not prof.get("error") else prof or None}
     return out
 
-AB_RESERVE_S = 270     # kept for each later A/B variant: a warm engine start (measured 225-237 s on 2x H200) + measurements
+# Kept for each later A/B variant: a warm engine start + the measurements, by config. real: 225-237 s to a ready
+# engine on 2x H200 (TP2); rank: 66-74 s to ready, 76-85 s in all with --only decode (one H200, 2026-12-01: variants
+# a0b, a1-a3); tiny: a guess of the same kind. With rank at 270 the first of three variants in 500 s got 167 s, and a
+# cold first engine (200 s to ready) measured nothing.
+AB_RESERVE_S = {"real": 270, "rank": 100, "tiny": 60}
 
 def run_ab(a, argv:list)->int:
     "Every `--ab` variant as a graphs-phase child process, one after the other; then `perf_h200_ab.json`."
@@ -1231,7 +1235,7 @@ def run_ab(a, argv:list)->int:
     rest = strip_flags(argv, ("--phase", "--deadline-s", "--ab", "--variant"))
     for i, (name, flags) in enumerate(a.ab_variants):
         left = a.deadline_s - (time.perf_counter() - t0)
-        share = max(left / (len(a.ab_variants) - i), left - AB_RESERVE_S * (len(a.ab_variants) - i - 1))   # the first pays the cold start
+        share = max(left / (len(a.ab_variants) - i), left - AB_RESERVE_S[a.config] * (len(a.ab_variants) - i - 1))   # the first pays the cold start
         cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", "graphs", "--variant", name,
                "--deadline-s", f"{share:.0f}", *flags, *rest]
         print(f"[perf_h200] ab: {' '.join(cmd)}", flush=True)

@@ -792,7 +792,7 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
     def fake_run(cmd, **kw):
         calls.append(cmd)
         v = cmd[cmd.index("--variant") + 1]
-        rate = {"separate": 100.0, "fused": 125.0}[v]
+        rate = {"separate": 100.0, "fused": 125.0, "splits": 110.0}[v]
         r = {"status": "complete", "command": " ".join(cmd), "settings": {"variant": v}, "engine": {"init_s": 90.0},
              "figures": {"decode_bs1_ctx2048": {"value_tok_s": rate, "fraction_of_roofline": rate / 479, "itl_median_ms": 1e3 / rate}},
              "profile": {"steps": 8, "step_us": 1e6 / rate, "gpu_busy_fraction": 0.85,
@@ -810,6 +810,12 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
     s = json.loads((tmp_path / "perf_h200_ab.json").read_text())
     assert s["baseline"] == "separate" and s["variants"]["fused"]["figures"]["decode_bs1_ctx2048"]["over_baseline"] == 1.25
     assert s["variants"]["separate"]["profile"]["kernels_per_step"] == 800
+    calls.clear()                           # one rank: a warm start is about 80 s, so the cold first variant gets more
+    ph.main(["--config", "rank", "--phase", "ab", "--ab", "separate=", "--ab", "fused=", "--ab", "splits=--attn-max-splits 8",
+             "--only", "decode", "--results-dir", str(tmp_path), "--out", str(tmp_path), "--deadline-s", "500"])
+    assert [c[c.index("--variant") + 1] for c in calls] == ["separate", "fused", "splits"]
+    assert 295 <= float(calls[0][calls[0].index("--deadline-s") + 1]) <= 301
+    assert calls[2][calls[2].index("--attn-max-splits") + 1] == "8" and calls[0][calls[0].index("--config") + 1] == "rank"
 
 def test_the_graphs_warmup_decodes_as_far_as_the_measurement(tmp_path, isolated_env):
     "The graphs warm-up stream crosses every KV block the measured stream will (a first crossing stalled one window)."

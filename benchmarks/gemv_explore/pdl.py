@@ -42,6 +42,7 @@ try:
 except ImportError:
     gm = None
 
+PACKAGE_TILES = ((4, 1024, 4, 2), (4, 1024, 4, 3), (4, 1024, 4, 4), (8, 1024, 8, 3), (2, 2048, 4, 3))   # (BN, BK, warps, stages)
 CHAIN = 12                                                 # dependent GEMVs per graph (a layer has 3 to 6)
 
 @triton.jit
@@ -125,6 +126,12 @@ def main():
                 r = {"variant": "package", "rep": rep, "between": between, "plan": str(gm.gemv_plan(1, N, K, torch.bfloat16)),
                      "us_per_gemv": round(us, 2)}
                 res["timings"].append(r); print(json.dumps(r), flush=True); save()
+                for pt in PACKAGE_TILES:                # 08i's FMA kernel at other tiles, in the same chain
+                    us = time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys,
+                                                       lambda x, w, y: gm.gemv_triton(x[None], w, "fma", pt)[0], between)
+                                     for h in (0, 1)], 30) / CHAIN
+                    r = {"variant": "package_tile", "rep": rep, "between": between, "tile": list(pt), "us_per_gemv": round(us, 2)}
+                    res["timings"].append(r); print(json.dumps(r), flush=True); save()
             for tile in tiles:
                 for name, v in variants.items():
                     if time.perf_counter() - t0 > deadline: break

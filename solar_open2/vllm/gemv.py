@@ -20,12 +20,12 @@ from . import GEMV_KERNEL, GEMV_PAIRS, GEMV_PROBE, plugin_flag
 from .kda_gates import MAX_TOKENS, gemv_block
 
 # %% auto #0
-__all__ = ['MMA_TOKENS', 'KINDS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'PAIR_CHECK_CASES', 'PAIR_TILES',
-           'GEMV_PAIR_OP_NAME', 'GEMV_ARCHS', 'PROBE_ROW', 'gemv_torch', 'gemv_fma_kernel', 'gemv_mma_block',
-           'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv', 'gemv_pair_kernel',
-           'gemv_pair_triton', 'pair_check', 'gemv_pair_plan', 'gemv_pair', 'GemvLinearMethod', 'GemvEmbeddingMethod',
-           'measured_arch', 'use_gemv_kernels', 'gemv_kernel_enabled', 'probe_table', 'use_probe_tables',
-           'gemv_probe_enabled', 'use_gemv_pairs', 'gemv_pairs_enabled', 'pair_apply']
+__all__ = ['MMA_TOKENS', 'KINDS', 'KIND_TOKENS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'PAIR_CHECK_CASES',
+           'PAIR_TILES', 'GEMV_PAIR_OP_NAME', 'GEMV_ARCHS', 'PROBE_ROW', 'gemv_torch', 'gemv_fma_kernel',
+           'gemv_mma_block', 'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv',
+           'gemv_pair_kernel', 'gemv_pair_triton', 'pair_check', 'gemv_pair_plan', 'gemv_pair', 'GemvLinearMethod',
+           'GemvEmbeddingMethod', 'measured_arch', 'use_gemv_kernels', 'gemv_kernel_enabled', 'probe_table',
+           'use_probe_tables', 'gemv_probe_enabled', 'use_gemv_pairs', 'gemv_pairs_enabled', 'pair_apply']
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00006
 def _check(x:torch.Tensor, w:torch.Tensor)->tuple:
@@ -47,10 +47,11 @@ MMA_TOKENS = 16              # tl.dot's smallest M: the tensor-core kernel pads 
 
 @triton.jit
 def gemv_fma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt,
-                    BLOCK_T:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
-    "Chapter 08h's `gemv_block` as a kernel of its own: y[T, rows] = x[T, K] · W[rows, K]^T, fp32 FMAs."
+                    BLOCK_T:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
+                    FLAT:tl.constexpr=False):
+    "Chapter 08h's `gemv_block` as a kernel of its own: y[T, rows] = x[T, K] · W[rows, K]^T, fp32 FMAs (`FLAT`: one token)."
     gemv_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, tl.program_id(0),
-               BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
+               BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES, FLAT)
 
 @triton.jit
 def gemv_mma_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid,
@@ -80,7 +81,8 @@ def gemv_mma_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_y
                    BLOCK_N, BLOCK_K, NUM_STAGES, IEEE, UPCAST)
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a0000b
-KINDS = ("fma", "mma")
+KINDS = ("fma", "mma", "fma1")   # fma1: the FMA kernel's flat one-token body (08h's `FLAT`), one token only
+KIND_TOKENS = {"fma": MAX_TOKENS, "mma": MMA_TOKENS, "fma1": 1}
 
 def _block_k(bk:int, K:int, mma:bool)->int:
     "The K step a tile asks for, capped at K's next power of two (at least 16 for `tl.dot`)."
@@ -88,13 +90,13 @@ def _block_k(bk:int, K:int, mma:bool)->int:
 
 def gemv_triton(x:torch.Tensor, # [T, K], T <= 8 (fma) or 16 (mma), unit stride along K
                 w:torch.Tensor, # [N, K], unit stride along K
-                kind:str, # "fma": CUDA-core fp32 FMAs (08h's kernel); "mma": tensor-core dots
+                kind:str, # "fma": CUDA-core fp32 FMAs (08h's kernel); "fma1": the same, one token, flat; "mma": tensor-core dots
                 tile:tuple, # (BLOCK_N, BLOCK_K, num_warps[, num_stages = 1])
                )->torch.Tensor: # [T, N], x's dtype
     "`gemv_torch` through one launch of the `kind` kernel."
     T, N, K = _check(x, w)
     if kind not in KINDS: raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    limit = MAX_TOKENS if kind == "fma" else MMA_TOKENS
+    limit = KIND_TOKENS[kind]
     if T > limit: raise ValueError(f"gemv_triton ({kind}) takes at most {limit} tokens, got {T}")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("gemv_triton on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
@@ -103,10 +105,10 @@ def gemv_triton(x:torch.Tensor, # [T, K], T <= 8 (fma) or 16 (mma), unit stride 
     y = torch.empty(T, N, dtype=x.dtype, device=x.device)
     if T == 0: return y
     bn, bk, nw, ns = (tuple(tile) + (1,))[:4]
-    if kind == "fma":
+    if kind in ("fma", "fma1"):
         gemv_fma_kernel[(triton.cdiv(N, bn),)](x, w, y, T, N, K, x.stride(0), w.stride(0), y.stride(0),
             BLOCK_T=max(1, triton.next_power_of_2(T)), BLOCK_N=bn, BLOCK_K=_block_k(bk, K, False),
-            NUM_STAGES=ns, num_warps=nw)
+            NUM_STAGES=ns, FLAT=kind == "fma1", num_warps=nw)
     else:
         gemv_mma_kernel[(triton.cdiv(N, bn),)](x, w, y, T, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_N=bn,
             BLOCK_K=_block_k(bk, K, True), NUM_STAGES=ns, IEEE=w.dtype == torch.float32,
@@ -121,6 +123,8 @@ GEMV_CHECK_CASES = (   # (T, N, K, kind, tile)
     (1, 40, 96, "mma", (16, 32, 4, 2)),
     (5, 70, 130, "mma", (32, 64, 4, 3)),         # N, K odd; pipelined
     (16, 24, 48, "mma", (16, 64, 4)),            # the mma limit; BLOCK_K wider than K
+    (1, 37, 100, "fma1", (2, 64, 8)),            # the flat one-token body: N, K odd, unpipelined
+    (1, 40, 96, "fma1", (4, 32, 4, 2)),          # pipelined
 )
 
 def self_check(cases=GEMV_CHECK_CASES, device:str="cpu", dtypes=("float32", "bfloat16"), seed:int=0, rolled:bool=False)->list:
@@ -143,12 +147,14 @@ def checks_pass(checks:list)->bool:
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00011
 # (N, K, weight dtype) -> ((max tokens, kind, tile), ...), tile = (BLOCK_N, BLOCK_K, num_warps[, num_stages]):
-# benchmarks/gemv_h200.py on one H200, weights from HBM (results/gemv_h200_fma.json); µs against cuBLAS at 1 | 8 tokens
+# benchmarks/gemv_h200.py on one H200, weights from HBM (results/gemv_h200_fma.json); µs against cuBLAS at 1 | 8 tokens.
+# [4096, 4096] at one token: benchmarks/gemv_explore/fma_body.py (08h's flat one-token body, "fma1", 2x2048 at 8 warps,
+# unpipelined: 10.0 µs against 11.6 for the 3-D body's 4x1024 in the same chains of 12 GEMVs; 2026-12-01)
 GEMV_TILES = {
     (12320, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3)),),                           # kda.qkvb_proj    26.6/29.1 | 27.1/29.5
     (256, 4096, "bfloat16"):   ((1, "fma", (1, 4096, 8)), (8, "fma", (2, 4096, 8))),     # kda.fg_a_proj     3.3/6.8  |  5.3/6.9
     (4096, 128, "bfloat16"):   ((8, "mma", (64, 128, 4, 3)),),                           # kda.f_b/g_b_proj  2.5/3.0  |  2.5/3.0
-    (4096, 4096, "bfloat16"):  ((1, "fma", (4, 1024, 4, 2)),),                           # kda.o_proj, gqa.g_proj, gqa.o_proj 11.8/13.3
+    (4096, 4096, "bfloat16"):  ((1, "fma1", (2, 2048, 8, 1)),),                           # kda.o_proj, gqa.g_proj, gqa.o_proj 10.0/13.3
     (1280, 4096, "bfloat16"):  ((1, "fma", (2, 2048, 4, 2)),),                           # shared.gate_up    5.4/7.9
     (320, 4096, "float32"):    ((1, "fma", (1, 4096, 8)), (8, "fma", (4, 2048, 4))),     # router (fp32)     3.9/4.6  |  8.1/17.7
     (98304, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3)),),                           # lm_head         183.7/223.9 | 186.6/225.1
@@ -210,7 +216,7 @@ def gemv_pair_triton(x:torch.Tensor, # [T, K], unit stride along K
     _, N1, _ = _check(x, w1)
     kind1 = kind if kind1 is None else kind1
     for k in (kind, kind1):
-        if k not in KINDS: raise ValueError(f"kind must be one of {KINDS}, got {k!r}")
+        if k not in ("fma", "mma"): raise ValueError(f"a pair's kinds must be 'fma' or 'mma', got {k!r}")
     limit = min(MAX_TOKENS if k == "fma" else MMA_TOKENS for k in (kind, kind1))
     if T > limit: raise ValueError(f"gemv_pair_triton ({kind}, {kind1}) takes at most {limit} tokens, got {T}")
     for n, t in (("x", x), ("w0", w0), ("w1", w1)):
@@ -270,7 +276,8 @@ def gemv_pair_plan(T:int, N0:int, N1:int, K:int, dtype:torch.dtype, pairs:dict|N
     plan = next((tuple(r[1:]) for r in rows if 1 <= T <= r[0]), None)
     if plan is not None: return plan
     p0 = gemv_plan(T, N0, K, dtype, table)
-    return (*p0, None, None) if p0 is not None and p0 == gemv_plan(T, N1, K, dtype, table) else None
+    same = p0 is not None and p0[0] in ("fma", "mma") and p0 == gemv_plan(T, N1, K, dtype, table)   # no flat body in a pair
+    return (*p0, None, None) if same else None
 
 def gemv_pair(x:torch.Tensor, # [T, K]
               w0:torch.Tensor, # [N0, K]

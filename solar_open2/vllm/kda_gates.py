@@ -47,21 +47,34 @@ def kda_gates_torch(x:torch.Tensor, # [T, d] normed hidden states
 # %% ../../nbs/08h_vllm_kda_gates.ipynb #d8a00009
 @triton.jit
 def gemv_block(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid,
-                BLOCK_T:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr):
-    "y[:, rows] = x[T, K] · W[rows, K]^T for this program's `BLOCK_N` rows, fp32 sums, stored in y's dtype."
+                BLOCK_T:tl.constexpr, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr,
+                FLAT:tl.constexpr=False):
+    """y[:, rows] = x[T, K] · W[rows, K]^T for this program's `BLOCK_N` rows, fp32 sums, stored in y's dtype.
+    `FLAT` (one token, `BLOCK_T` = 1): the same sums as a [BN, BK] product, without the token axis."""
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)                              # [BN]
-    ts = tl.arange(0, BLOCK_T)                                                # [BT]
     ks = tl.arange(0, BLOCK_K)                                                # [BK]
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):              # NUM_STAGES > 1: loads run ahead
-        kk = k0 + ks
-        x = tl.load(x_ptr + ts[:, None] * stride_xt + kk[None, :], mask=(ts[:, None] < T) & (kk[None, :] < K),
-                    other=0.0).to(tl.float32)                                 # [BT, BK]
-        w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=(rows[:, None] < N) & (kk[None, :] < K),
-                    other=0.0).to(tl.float32)                                 # [BN, BK]
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)                  # [BT, BN, BK] -> [BT, BN]
-    tl.store(y_ptr + ts[:, None] * stride_yt + rows[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(ts[:, None] < T) & (rows[None, :] < N))
+    if FLAT:                                                                  # one token: a [BN, BK] product, no token axis
+        tl.static_assert(BLOCK_T == 1, "the flat body is for one token")
+        acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            kk = k0 + ks
+            x1 = tl.load(x_ptr + kk, mask=(kk < K) & (T > 0), other=0.0).to(tl.float32)                    # [BK]
+            w1 = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=(rows[:, None] < N) & (kk[None, :] < K),
+                         other=0.0).to(tl.float32)                                                       # [BN, BK]
+            acc1 += tl.sum(w1 * x1[None, :], axis=1)                          # [BN, BK] -> [BN]
+        tl.store(y_ptr + rows, acc1.to(y_ptr.dtype.element_ty), mask=(rows < N) & (T > 0))
+    else:
+        ts = tl.arange(0, BLOCK_T)                                            # [BT]
+        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):          # NUM_STAGES > 1: loads run ahead
+            kk = k0 + ks
+            x = tl.load(x_ptr + ts[:, None] * stride_xt + kk[None, :], mask=(ts[:, None] < T) & (kk[None, :] < K),
+                        other=0.0).to(tl.float32)                             # [BT, BK]
+            w = tl.load(w_ptr + rows[:, None] * stride_wn + kk[None, :], mask=(rows[:, None] < N) & (kk[None, :] < K),
+                        other=0.0).to(tl.float32)                             # [BN, BK]
+            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)              # [BT, BN, BK] -> [BT, BN]
+        tl.store(y_ptr + ts[:, None] * stride_yt + rows[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=(ts[:, None] < T) & (rows[None, :] < N))
 
 @triton.jit
 def kda_gates_kernel(x0_ptr, w0_ptr, y0_ptr, x1_ptr, w1_ptr, y1_ptr, T, N, K, stride_xt, stride_wn, stride_yt,
