@@ -170,6 +170,9 @@ def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     nopairs = ph.parse_args(["--phase", "graphs", "--no-gemv-pairs"])          # 08i's pairs, default on: only set when asked
     assert ph.engine_kwargs(nopairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_pairs": False}
     assert ph.settings(nopairs, "graphs")["gemv_pairs"] is False and ph.settings(gates, "graphs")["gemv_pairs"] is None
+    noflat = ph.parse_args(["--phase", "graphs", "--no-gemv-flat"])            # 08i's flat body, default on: only set when asked
+    assert ph.engine_kwargs(noflat, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_flat": False}
+    assert ph.settings(noflat, "graphs")["gemv_flat"] is False and ph.settings(gates, "graphs")["gemv_flat"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])

@@ -16,16 +16,17 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ..nvfp4 import relative_rms
-from . import GEMV_KERNEL, GEMV_PAIRS, GEMV_PROBE, plugin_flag
+from . import GEMV_FLAT, GEMV_KERNEL, GEMV_PAIRS, GEMV_PROBE, plugin_flag
 from .kda_gates import MAX_TOKENS, gemv_block
 
 # %% auto #0
 __all__ = ['MMA_TOKENS', 'KINDS', 'KIND_TOKENS', 'GEMV_CHECK_CASES', 'GEMV_TILES', 'GEMV_OP_NAME', 'PAIR_CHECK_CASES',
-           'PAIR_TILES', 'GEMV_PAIR_OP_NAME', 'GEMV_ARCHS', 'PROBE_ROW', 'gemv_torch', 'gemv_fma_kernel',
+           'PAIR_TILES', 'GEMV_PAIR_OP_NAME', 'GEMV_ARCHS', 'PROBE_ROW', 'FLAT_OFF', 'gemv_torch', 'gemv_fma_kernel',
            'gemv_mma_block', 'gemv_mma_kernel', 'gemv_triton', 'self_check', 'checks_pass', 'gemv_plan', 'gemv',
            'gemv_pair_kernel', 'gemv_pair_triton', 'pair_check', 'gemv_pair_plan', 'gemv_pair', 'GemvLinearMethod',
            'GemvEmbeddingMethod', 'measured_arch', 'use_gemv_kernels', 'gemv_kernel_enabled', 'probe_table',
-           'use_probe_tables', 'gemv_probe_enabled', 'use_gemv_pairs', 'gemv_pairs_enabled', 'pair_apply']
+           'use_probe_tables', 'gemv_probe_enabled', 'use_gemv_pairs', 'gemv_pairs_enabled', 'pair_apply',
+           'use_gemv_flat', 'gemv_flat_enabled']
 
 # %% ../../nbs/08i_vllm_gemv.ipynb #e9a00006
 def _check(x:torch.Tensor, w:torch.Tensor)->tuple:
@@ -401,3 +402,21 @@ def pair_apply(m:torch.nn.Module, x:torch.Tensor, a:str, b:str)->tuple:
     if (a, b) in getattr(m, "gemv_pairs_on", ()) and _use_op(x, None):
         return torch.ops.vllm.solar_open2_gemv_pair(x, getattr(m, a).weight, getattr(m, b).weight)
     return getattr(m, a)(x)[0], getattr(m, b)(x)[0]
+
+# %% ../../nbs/08i_vllm_gemv.ipynb #68fc6cca
+FLAT_OFF = {(4096, 4096, "bfloat16"): ((1, "fma", (4, 1024, 4, 2)),)}   # the 3-D plan each fma1 row replaced (gemv_h200_fma.json)
+
+def use_gemv_flat(enabled:bool, table:dict|None=None)->list:
+    """`solar_open2_gemv_flat` off (`enabled` False): every `table` entry (default: this process's `GEMV_TILES`) with an
+    `fma1` row takes its `FLAT_OFF` plan instead; the keys changed. On: nothing changes."""
+    table = GEMV_TILES if table is None else table
+    if enabled: return []
+    changed = [k for k, rows in table.items() if any(r[1] == "fma1" for r in rows)]
+    for k in changed:
+        if k not in FLAT_OFF: raise ValueError(f"GEMV_TILES {k}: an fma1 row without a 3-D plan in FLAT_OFF")
+        table[k] = FLAT_OFF[k]
+    return changed
+
+def gemv_flat_enabled(vllm_config)->bool:
+    "Whether `solar_open2_gemv_flat` is on in vLLM's `additional_config` (default on; it needs `solar_open2_gemv_kernel` too)."
+    return plugin_flag(vllm_config, GEMV_FLAT, True)

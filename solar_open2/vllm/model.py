@@ -19,7 +19,7 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
 from .moe_experts import use_triton_experts
 from .moe_router import RouterGate, SolarMoERouter, moe_pairs_enabled, router_kernel_enabled
-from .gemv import gemv_kernel_enabled, gemv_pairs_enabled, gemv_probe_enabled, pair_apply, use_gemv_kernels, use_gemv_pairs, use_probe_tables
+from .gemv import gemv_flat_enabled, gemv_kernel_enabled, gemv_pairs_enabled, gemv_probe_enabled, pair_apply, use_gemv_flat, use_gemv_kernels, use_gemv_pairs, use_probe_tables
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                                ReplicatedLinear, RowParallelLinear)
@@ -194,10 +194,12 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         self.logits_processor = LogitsProcessor(config.vocab_size)
         if gemv_kernel_enabled(vllm_config):                  # chapter 08i: small-batch GEMVs for the shapes it names
             probe = gemv_probe_enabled(vllm_config)            # probe: parity runs only
+            flat_off = use_gemv_flat(gemv_flat_enabled(vllm_config))   # the key off: the fma1 rows' 3-D plans
             swapped = use_probe_tables(self) if probe else use_gemv_kernels(self)
             paired = use_gemv_pairs(self, any_arch=probe) if gemv_pairs_enabled(vllm_config) else []
-            logger.info("solar_open2: %d linear layers take chapter 08i's GEMV kernels, %d pairs one launch each%s",
-                        len(swapped), len(paired), " (probe tables)" if probe else "")
+            logger.info("solar_open2: %d linear layers take chapter 08i's GEMV kernels, %d pairs one launch each%s%s",
+                        len(swapped), len(paired), " (probe tables)" if probe else "",
+                        f", flat body off for {len(flat_off)} shapes" if flat_off else "")
 
     def embed_input_ids(self, input_ids:torch.Tensor)->torch.Tensor: return self.model.embed_input_ids(input_ids)
 
