@@ -25,11 +25,11 @@ import triton.language as tl
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "benchmarks"))
-from kernel_bench import result_head, time_graph          # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks" / "gemv_explore"))
+from kernel_bench import result_head                       # noqa: E402
+from pdl import CHAIN, chain_us                            # noqa: E402  (the same chains of 12 GEMVs, timed the same way)
 from solar_open2.nvfp4 import relative_rms                 # noqa: E402
 from solar_open2.vllm import gemv as gm                    # noqa: E402
-
-CHAIN = 12
 
 @triton.jit
 def fma_variant_kernel(x_ptr, w_ptr, y_ptr, N, K, BLOCK_N:tl.constexpr, BLOCK_K:tl.constexpr, STAGES:tl.constexpr,
@@ -59,11 +59,6 @@ def fma_variant(x, w, y, tile, stages, three_d, masks):
     fma_variant_kernel[(triton.cdiv(N, bn),)](x, w, y, N, K, BLOCK_N=bn, BLOCK_K=bk, STAGES=stages, THREE_D=three_d,
                                               MASKS=masks, num_warps=nw)
     return y
-
-def chain(ws, ys, step):
-    x = ys[0]
-    for i, w in enumerate(ws): x = step(x, w, ys[1 + i % 2])
-    return x
 
 VARIANTS = {   # name: (stages, three_d, masks)
     "2d": (3, False, False), "2d_s2": (2, False, False), "2d_masks": (3, False, True), "2d_masks_s2": (2, False, True),
@@ -98,18 +93,16 @@ def main():
             res["checks"].append(c); print(json.dumps(c), flush=True)
     save()
     for rep in (0, 1):
-        us = time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys, lambda x, w, y: gm.gemv(x[None], w)[0])
-                         for h in (0, 1)], 30) / CHAIN
+        us = chain_us(ws, ys, lambda x, w, y: gm.gemv(x[None], w)[0])
         r = {"variant": "plan", "rep": rep, "plan": str(gm.gemv_plan(1, N, K, torch.bfloat16)), "us_per_gemv": round(us, 2)}
         res["timings"].append(r); print(json.dumps(r), flush=True)
         for tile in TILES:
-            us = time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys, pkg(tile)) for h in (0, 1)], 30) / CHAIN
+            us = chain_us(ws, ys, pkg(tile))
             r = {"variant": "package", "rep": rep, "tile": list(tile) + [2], "us_per_gemv": round(us, 2)}
             res["timings"].append(r); print(json.dumps(r), flush=True)
             for name, v in VARIANTS.items():
                 if time.perf_counter() - t0 > deadline: break
-                us = time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys, lambda x, w, y: one(x, w, y, tile, v))
-                                 for h in (0, 1)], 30) / CHAIN
+                us = chain_us(ws, ys, lambda x, w, y: one(x, w, y, tile, v))
                 r = {"variant": name, "rep": rep, "tile": list(tile), "us_per_gemv": round(us, 2)}
                 res["timings"].append(r); print(json.dumps(r), flush=True)
             save()

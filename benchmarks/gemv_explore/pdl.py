@@ -87,6 +87,10 @@ def chain(ws, ys, step, between):
         x = step(x, w, ys[1 + i % 2])
     return x
 
+def chain_us(ws, ys, step, between=False)->float:
+    "µs per GEMV of two CHAIN-long chains over the two halves of `ws` (other weights each: L2-cold), one CUDA graph."
+    return time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys, step, between) for h in (0, 1)], 30) / CHAIN
+
 def main():
     deadline = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
     t0 = time.perf_counter()
@@ -121,22 +125,18 @@ def main():
             if gm is None:
                 print("vLLM missing: no package rows", flush=True)
             else:
-                us = time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys, lambda x, w, y: gm.gemv(x[None], w)[0], between)
-                                 for h in (0, 1)], 30) / CHAIN
+                us = chain_us(ws, ys, lambda x, w, y: gm.gemv(x[None], w)[0], between)
                 r = {"variant": "package", "rep": rep, "between": between, "plan": str(gm.gemv_plan(1, N, K, torch.bfloat16)),
                      "us_per_gemv": round(us, 2)}
                 res["timings"].append(r); print(json.dumps(r), flush=True); save()
                 for pt in PACKAGE_TILES:                # 08i's FMA kernel at other tiles, in the same chain
-                    us = time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys,
-                                                       lambda x, w, y: gm.gemv_triton(x[None], w, "fma", pt)[0], between)
-                                     for h in (0, 1)], 30) / CHAIN
+                    us = chain_us(ws, ys, lambda x, w, y: gm.gemv_triton(x[None], w, "fma", pt)[0], between)
                     r = {"variant": "package_tile", "rep": rep, "between": between, "tile": list(pt), "us_per_gemv": round(us, 2)}
                     res["timings"].append(r); print(json.dumps(r), flush=True); save()
             for tile in tiles:
                 for name, v in variants.items():
                     if time.perf_counter() - t0 > deadline: break
-                    us = time_graph([lambda h=h: chain(ws[h * CHAIN:(h + 1) * CHAIN], ys, step_for(tile, *v), between)
-                                     for h in (0, 1)], 30) / CHAIN
+                    us = chain_us(ws, ys, step_for(tile, *v), between)
                     r = {"variant": name, "rep": rep, "between": between, "tile": list(tile), "us_per_gemv": round(us, 2)}
                     res["timings"].append(r); print(json.dumps(r), flush=True); save()
     res["elapsed_s"] = round(time.perf_counter() - t0, 1); save()
