@@ -6,7 +6,11 @@
 1. nbdev's notebook processors (the pipeline `nbdev_proc_nbs` runs, `FilterDefaults`) write `BUILD/_proc/*.ipynb`:
    the title cell becomes frontmatter, exported symbols get `show_doc` API tables, directives are applied and
    `#| hide` cells are dropped. One change: exported cells keep their code (nbdev's `rm_export` would drop it; in a
-   literate port the code is the point). `nbdev_clean` then normalises the processed notebooks.
+   literate port the code is the point). Two: nbdev executes every cell that contains an import, so a test cell
+   that imports would rerun its test during the build (08f's Triton-interpreted checks took 213 s of a 256 s build);
+   here a cell that imports *and* runs other code is not executed, and the page shows its stored outputs. Exported
+   cells, import-only cells and `show_doc` cells run as in nbdev. `nbdev_clean` then normalises the processed
+   notebooks.
 2. Each processed notebook becomes one markdown page named as nbdev names it (number prefix dropped:
    `00_config.ipynb` -> `config.html`): markdown cells as written, with `$...$` and `$$...$$` turned into MathML at
    build time (latex2mathml: renders offline, no MathJax CDN), code cells as highlighted blocks (exported ones
@@ -39,10 +43,24 @@ def list_notebooks(nbs: Path) -> list[Path]:
     files = sorted(Path(f).relative_to(nbs) for f in nbglob(nbs, func=os.path.join, file_glob="*.ipynb"))
     return sorted(files, key=lambda p: (p.as_posix() != "index.ipynb", p.as_posix()))
 
+SHOW_DIRECTIVES = {"export", "exports", "exporti", "exec_doc"}  # cells nbdev always executes for show_doc
+
+def is_test_cell_with_imports(cell) -> bool:
+    """True for a code cell nbdev would execute only because it imports, while it also runs other code (a test).
+    Exported and `exec_doc` cells, import-only cells and cells that call `show_doc` are not test cells."""
+    import ast
+    from nbdev.processors import _ast_contains, _show_docs
+    if cell.get("cell_type") != "code" or not cell.get("source"): return False
+    if cell.directives_.keys() & SHOW_DIRECTIVES: return False
+    trees = cell.parsed_()  # top-level statements; None when the source does not parse (magics)
+    if not trees or not _ast_contains(trees, (ast.Import, ast.ImportFrom)): return False
+    if all(isinstance(t, (ast.Import, ast.ImportFrom)) for t in trees): return False
+    return not _show_docs(trees)
+
 def docs_filter():
     "nbdev's `FilterDefaults` (the processors `nbdev_proc_nbs` runs) with the changes this site needs."
     from nbdev.process import Processor
-    from nbdev.processors import FilterDefaults, add_show_docs, rm_export
+    from nbdev.processors import FilterDefaults, add_show_docs, exec_show_docs, rm_export
 
     def rm_hidden(cell):
         "nbdev's `rm_export` without `export`/`exporti`: drop `#| hide` and `#| default_exp` cells only."
@@ -64,11 +82,17 @@ def docs_filter():
                 if j > i: cells[i:j] = cells[i:j][::-1]
                 i = max(j, i + 1)
 
+    class exec_doc_cells(exec_show_docs):
+        "nbdev's `exec_show_docs` minus test cells: a cell that imports and also runs other code is not executed."
+        def __call__(self, cell):
+            if is_test_cell_with_imports(cell): return
+            super().__call__(cell)
+
     class DocsFilter(FilterDefaults):
         def base_procs(self):
             procs = []
             for p in super().base_procs():
-                procs.append(rm_hidden if p is rm_export else p)
+                procs.append({rm_export: rm_hidden, exec_show_docs: exec_doc_cells}.get(p, p))
                 if p is add_show_docs: procs.append(order_show_docs)
             return procs + [mark_export]
     return DocsFilter

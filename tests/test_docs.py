@@ -1,6 +1,6 @@
 """The docs site: `scripts/build_docs.py` renders every notebook of nbs/ into a navigable HTML site.
 
-One build (about 10 s) into a tmp dir, of nbs/ plus a fixture chapter (`--add`) that exercises what the real
+One build (about 40 s on two cores) into a tmp dir, of nbs/ plus a fixture chapter (`--add`) that exercises what the real
 chapters will need (math, hidden cells, exported code, show_doc, outputs, tables, images). Checks: every chapter has
 its page, the sidebar lists them in reading order, every internal link and image resolves, and the fixture's
 features render. No browser needed.
@@ -42,6 +42,8 @@ def fixture_nb() -> dict:
               [{"output_type": "stream", "name": "stdout", "text": ["OUTPUT_MARKER 42\n"]}]),
         _cell("code", "plot()", [{"output_type": "display_data", "metadata": {},
                                   "data": {"image/png": PNG, "text/plain": ["<Figure>"]}}]),
+        _cell("code", "import os\nraise RuntimeError('a test cell that imports ran during the docs build')",
+              [{"output_type": "stream", "name": "stdout", "text": ["STORED_TEST_OUTPUT\n"]}]),
         _cell("code", "#| echo: false\nECHO_FALSE_MARKER = 1",
               [{"output_type": "execute_result", "execution_count": None, "metadata": {},
                 "data": {"text/plain": ["'ECHO_FALSE_OUTPUT'"]}}]),
@@ -154,12 +156,31 @@ def test_fixture_features(site):
     assert "EXPORTED_MARKER" in body and "solar_open2/docs_fixture.py" in body and 'id="fixture_double"' in body
     assert re.search(r"<td><code>x</code></td>\s*<td>int</td>\s*<td>the input</td>", body)
     assert "OUTPUT_MARKER 42" in body
+    # a test cell that imports is not executed by the build (it raises: nbdev would stop the build); its stored
+    # output shows
+    assert "STORED_TEST_OUTPUT" in body and "Traceback" not in body
     assert "ECHO_FALSE_MARKER" not in body and "ECHO_FALSE_OUTPUT" in body
     assert re.search(r'<img src="docs_fixture_files/cell\d+-out0\.png"', body)
     assert re.search(r'<img alt="a plot" src="ext/[0-9a-f]{10}/plot\.png"', body)  # copied in; resolves (links test)
     # markdown: list after a paragraph, nested list, table, blockquote
     assert re.search(r"<li>first\s*<ul>\s*<li>nested two spaces</li>", body)
     assert "<table>" in body and "<blockquote>" in body
+
+def test_test_cells_with_imports_unit():
+    "Which cells the build executes: nbdev's choice (exports, imports, show_doc) minus test cells that import."
+    from execnb.nbio import dict2nb
+    cells = dict2nb({"cells": [_cell("code", s) for s in (
+        "import os\nx = os.sep",                 # 0 a test cell that imports: skipped
+        "import os, sys\nfrom pathlib import Path",  # 1 imports only: runs
+        "#| export\nimport os\nX = 1",          # 2 exported: runs
+        "from nbdev.showdoc import show_doc\nshow_doc(len)",  # 3 show_doc: runs
+        "x = 1",                                   # 4 no import: nbdev does not run it; not a test cell with imports
+        "%time import os",                         # 5 magic: nbdev decides
+        "#| exec_doc\nimport os\nprint(1)")],    # 6 exec_doc: runs
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}).cells
+    from nbdev.process import extract_directives
+    for c in cells: c.directives_ = extract_directives(c, remove=False)  # what nbdev's NBProcessor sets
+    assert [bd.is_test_cell_with_imports(c) for c in cells] == [True, False, False, False, False, False, False]
 
 def test_markdown_normalisation_unit():
     n = bd.normalize_markdown
