@@ -61,7 +61,7 @@ if str(ROOT / "benchmarks") not in sys.path: sys.path.insert(0, str(ROOT / "benc
 
 from solar_open2 import budget                       # noqa: E402  (CPU-only imports; vllm is imported lazily)
 from solar_open2.config import SolarOpen2Config      # noqa: E402
-from solar_open2.vllm import (FUSE_KDA_PROJ, GEMV_FLAT, GEMV_KERNEL, GEMV_PAIRS, KDA_DECODE_GATES, KDA_DECODE_KERNEL, KDA_GATE_KERNEL, MOE_PAIRS,   # noqa: E402
+from solar_open2.vllm import (FUSE_KDA_PROJ, GEMV_FLAT, GEMV_KERNEL, GEMV_PAIRS, KDA_DECODE_GATES, KDA_DECODE_KERNEL, KDA_GATE_KERNEL, MOE_DIRECT_OUT, MOE_PAIRS,   # noqa: E402
                               ROUTER_KERNEL)   # the plugin's constants; no vllm import  (the plugin's constants; no vllm import)
 from kernel_bench import git_commit, git_dirty, source_digest   # noqa: E402  (what the benchmark scripts share)
 
@@ -128,6 +128,7 @@ PLUGIN_KEYS = (
     ("moe_pairs", MOE_PAIRS, "08k's routing kernel writes the activation pairs 08f's half2 gate/up loads, with --moe-backend emulation (on since 2026-12-01)"),
     ("gemv_pairs", GEMV_PAIRS, "two projections of one input in one launch where chapter 08i's PAIR_TILES says so: the attention layers' qkv_proj + g_proj (on since 2026-12-01)"),
     ("gemv_flat", GEMV_FLAT, "08h's flat one-token GEMV body (08i's kind fma1) for the shapes chapter 08i's table gives it: o_proj (on since 2026-12-01; --no-gemv-flat: the 3-D plan)"),
+    ("moe_direct_out", MOE_DIRECT_OUT, "with --moe-backend emulation, 08g's decode kernels write the MoE layer's output in vLLM's finalize step, no workspace copy (on since 2026-12-01; --no-moe-direct-out: the copy)"),
     ("kda_decode_gates", KDA_DECODE_GATES, "KDA decode steps in three launches: qkvb_proj + fg_a_proj in one GEMV (08i), the gates' up-projections and beta in 08j's kernel (on since 2026-12-01)"),
 )
 

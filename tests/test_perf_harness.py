@@ -173,6 +173,9 @@ def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     noflat = ph.parse_args(["--phase", "graphs", "--no-gemv-flat"])            # 08i's flat body, default on: only set when asked
     assert ph.engine_kwargs(noflat, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_flat": False}
     assert ph.settings(noflat, "graphs")["gemv_flat"] is False and ph.settings(gates, "graphs")["gemv_flat"] is None
+    nodirect = ph.parse_args(["--phase", "graphs", "--no-moe-direct-out"])    # 08g's direct output, default on: only set when asked
+    assert ph.engine_kwargs(nodirect, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_moe_direct_out": False}
+    assert ph.settings(nodirect, "graphs")["moe_direct_out"] is False and ph.settings(noflat, "graphs")["moe_direct_out"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])

@@ -10,7 +10,8 @@ import logging
 __all__ = ['log', 'ARCH', 'MODEL_TYPE', 'MODEL_CLASS', 'KDA_OP_NAME', 'KDA_OP', 'KDA_DECODE_OP_NAME', 'KDA_DECODE_OP',
            'KDA_DECODE_LR_OP_NAME', 'KDA_DECODE_LR_OP', 'FUSE_KDA_PROJ', 'KDA_GATE_KERNEL', 'GEMV_KERNEL',
            'KDA_DECODE_KERNEL', 'ROUTER_KERNEL', 'MOE_PAIRS', 'KDA_DECODE_GATES', 'GEMV_PAIRS', 'GEMV_FLAT',
-           'GEMV_PROBE', 'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE', 'plugin_flag', 'register']
+           'MOE_DIRECT_OUT', 'GEMV_PROBE', 'VLLM_VERSION', 'ENTRY_POINT', 'PARSER_NAME', 'PARSERS_MODULE',
+           'plugin_flag', 'register']
 
 # %% ../../nbs/08b_vllm_plugin.ipynb #b8ef2976
 log = logging.getLogger("solar_open2.vllm")
@@ -33,6 +34,7 @@ MOE_PAIRS = "solar_open2_moe_pairs"                           # additional_confi
 KDA_DECODE_GATES = "solar_open2_kda_decode_gates"             # additional_config key: 08j's kernel also runs the gates' up-projections and beta, 08i one launch for qkvb + fg_a (default on since 2026-12-01)
 GEMV_PAIRS = "solar_open2_gemv_pairs"                         # additional_config key: two projections of one input in one launch where 08i's PAIR_TILES says so (default on)
 GEMV_FLAT = "solar_open2_gemv_flat"                           # additional_config key: 08i's flat one-token GEMV body (kind fma1) where its GEMV_TILES says so (default on)
+MOE_DIRECT_OUT = "solar_open2_moe_direct_out"                 # additional_config key: 08g's decode kernels write the MoE layer's output, no workspace copy (default on)
 GEMV_PROBE = "solar_open2_gemv_probe"                         # additional_config key, parity runs only: every unquantized shape through 08i's FMA kernel
 VLLM_VERSION = "0.25.1"                                       # the engine this plugin is written against
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`

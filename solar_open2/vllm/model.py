@@ -17,7 +17,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE, fused_moe_make_expert_params_mapping
-from .moe_experts import use_triton_experts
+from .moe_experts import moe_direct_out_enabled, use_triton_experts
 from .moe_router import RouterGate, SolarMoERouter, moe_pairs_enabled, router_kernel_enabled
 from .gemv import gemv_flat_enabled, gemv_kernel_enabled, gemv_pairs_enabled, gemv_probe_enabled, pair_apply, use_gemv_flat, use_gemv_kernels, use_gemv_pairs, use_probe_tables
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -114,6 +114,7 @@ class SolarOpen2MoE(nn.Module):
                                 routed_scaling_factor=config.routed_scaling_factor, apply_routed_scale_to_output=True,
                                 router_logits_dtype=torch.float32)
         ours = use_triton_experts(self.experts)   # moe_backend="emulation": our NVFP4 experts on the raw layout (08f)
+        if ours: self.experts.routed_experts.solar_direct_output = moe_direct_out_enabled(vllm_config)   # 08g: no workspace copy
         if router is not None:
             self.experts.gate.runner = self.experts
             router.emit_pairs = ours and moe_pairs_enabled(vllm_config)     # 08k writes what 08f's gate/up reads

@@ -13,21 +13,27 @@ from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
     Nvfp4QuantizationEmulationTritonExperts, invoke_fused_moe_nvfp4_emulation_kernel)
 from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
 from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceNoOP
 from vllm.model_executor.layers.fused_moe.utils import _resize_cache
 
+from . import MOE_DIRECT_OUT, plugin_flag
 from .moe_decode import NVFP4Experts, moe_decode_triton
 
 logger = init_logger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'TritonNVFP4Experts', 'use_triton_experts']
+__all__ = ['logger', 'TritonNVFP4Experts', 'DirectOutput', 'moe_direct_out_enabled', 'use_triton_experts']
 
 # %% ../../nbs/08g_vllm_moe_experts.ipynb #b8e0a006
 class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
     """vLLM experts on the checkpoint's NVFP4 layout, weight-only: `decode_max_tokens` tokens or fewer through
     `moe_decode_triton`, more through vLLM's grouped dequantize-and-GEMM Triton kernel (gate and up launched apart,
-    each with its own global scale). Activations are never quantized (the emulation class QDQs them to NVFP4)."""
+    each with its own global scale). Activations are never quantized (the emulation class QDQs them to NVFP4).
+    With `direct_output` (the layer's `solar_direct_output`), `apply` leaves a decode batch pending and vLLM's finalize
+    step (`DirectOutput`) runs it into the layer's output: call `apply` through vLLM's modular kernel then."""
     decode_max_tokens = 8
+    direct_output = False                                                    # set per layer after loading
+    _pending = None                                                          # (apply's output, the decode kernels' arguments)
 
     def process_weights_after_loading(self, layer:torch.nn.Module)->None:
         super().process_weights_after_loading(layer)
@@ -37,6 +43,8 @@ class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
         self.g_seg = (self.g13[:, 0].contiguous(), self.g13[:, 1].contiguous(), self.g2.view(-1))   # [E] each
         self._stacked = None
         self.router = getattr(layer, "solar_router", None)                   # 08k: a router that writes activation pairs
+        self.direct_output = bool(getattr(layer, "solar_direct_output", False))   # the model sets it (MOE_DIRECT_OUT)
+        self._pending = None
 
     def stacked(self, w1:torch.Tensor, w2:torch.Tensor)->tuple:
         "The layer's experts as `NVFP4Experts` (built once; views, no copies)."
@@ -53,10 +61,21 @@ class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
         if hidden_states.size(0) <= self.decode_max_tokens and expert_map is None:
             w13, w2s = self.stacked(w1, w2)
             pairs = None if getattr(self, "router", None) is None else self.router.pairs_for(hidden_states)
-            moe_decode_triton(hidden_states, topk_ids, topk_weights, w13, w2s, out=output, pairs=pairs)   # [M, K] in place
+            kernels = dict(x=hidden_states, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2s, pairs=pairs)
+            if self.direct_output: self._pending = (output, kernels); return   # run by `DirectOutput`, into the layer's output
+            moe_decode_triton(**kernels, out=output)                          # [M, K] in place
             return
         self.apply_grouped(output, hidden_states, w1, w2, topk_weights, topk_ids, global_num_experts, expert_map,
                            workspace13, workspace2)
+
+    def finalize_weight_and_reduce_impl(self):
+        "vLLM's finalize step: `DirectOutput` with `direct_output`, else vLLM's no-op (a copy of the workspace into the output)."
+        return DirectOutput(self) if self.direct_output else TopKWeightAndReduceNoOP()
+
+    def take_pending(self)->tuple|None:
+        "The decode batch `apply` left pending, (its output buffer, the kernels' arguments), once; None when there is none."
+        p, self._pending = self._pending, None
+        return p
 
     def apply_grouped(self, output, x, w1, w2, topk_weights, topk_ids, global_num_experts, expert_map, workspace13, workspace2):
         "Tokens sorted by expert, vLLM's dequantize-and-GEMM kernel per projection, SiLU·mul, weighted sum."
@@ -79,6 +98,25 @@ class TritonNVFP4Experts(Nvfp4QuantizationEmulationTritonExperts):
         invoke_fused_moe_nvfp4_emulation_kernel(h, w2, y, self.w2_scale_val, None, self.g_seg[2], topk_weights,
                                                 sorted_ids, expert_ids, n_padded, True, 1, config, compute_type=compute)
         self.moe_sum(y, output)
+
+# %% ../../nbs/08g_vllm_moe_experts.ipynb #66865780
+class DirectOutput(TopKWeightAndReduceNoOP):
+    """vLLM's finalize step for `TritonNVFP4Experts` with `direct_output`: the decode batch `apply` left pending runs
+    here, its down kernel writing the layer's `output` itself, where vLLM's no-op would copy the experts' workspace
+    into it. With nothing pending (the grouped path) it is that no-op."""
+    def __init__(self, experts:TritonNVFP4Experts): self.experts = experts
+
+    def apply(self, output, fused_expert_output, topk_weights, topk_ids, apply_router_weight_on_input):
+        pending = self.experts.take_pending()
+        if pending is not None and output is not None and pending[0] is fused_expert_output:
+            moe_decode_triton(**pending[1], out=output)                       # [M, K]: the layer's output, no copy
+            return output
+        if pending is not None: moe_decode_triton(**pending[1], out=pending[0])   # apply's own buffer, then the copy
+        return super().apply(output, fused_expert_output, topk_weights, topk_ids, apply_router_weight_on_input)
+
+def moe_direct_out_enabled(vllm_config)->bool:
+    "Whether `solar_open2_moe_direct_out` is on (default on): a decode batch's MoE kernels write the layer's output."
+    return plugin_flag(vllm_config, MOE_DIRECT_OUT, True)
 
 # %% ../../nbs/08g_vllm_moe_experts.ipynb #b8e0a008
 def use_triton_experts(moe:torch.nn.Module)->bool:
