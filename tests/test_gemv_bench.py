@@ -1,15 +1,14 @@
-"The dense-GEMV benchmark script (benchmarks/gemv_h200.py): shapes from the config, its logic on the CPU, its GPU run."
+"The dense-GEMV benchmark script (benchmarks.kernels.gemv): shapes from the config, its logic on the CPU, its GPU run."
 import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gemv_h200.py"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+SCRIPT = [sys.executable, "-m", "benchmarks.kernels.gemv"]   # run from the repository root
 
 def test_shapes_are_the_real_per_rank_projections_and_their_bytes_match_the_budget():
-    import gemv_h200 as g
+    from benchmarks.kernels import gemv as g
     from solar_open2 import budget
     from solar_open2.config import SolarOpen2Config
     cfg = SolarOpen2Config.real()
@@ -23,17 +22,16 @@ def test_shapes_are_the_real_per_rank_projections_and_their_bytes_match_the_budg
 
 def test_no_gpu_exits_2_and_bad_flags_name_themselves():
     if torch.cuda.is_available(): pytest.skip("has a GPU")
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
-    r = subprocess.run([sys.executable, str(SCRIPT), "--methods", "cublas,fast"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT + ["--methods", "cublas,fast"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--methods" in r.stderr
 
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "Checks, timing loop, weight copies, per-step totals and JSON, with small shapes, Triton's interpreter, a fake timer."
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import gemv_h200 as g
+from benchmarks.kernels import gemv as g
 calls = []
 def timer(fns, reps):                     # every call made once; 99, 98, 97, ...: a later tile is the faster one
     for f in fns: f()
@@ -45,6 +43,7 @@ res = g.run(tokens=(1, 3), methods=("cublas", "triton"), tiles=((16, 32, 4, 1), 
 """
     out = interpreted(code)
     res = json.loads((tmp_path / "r.json").read_text())
+    assert res["gate"]["passed"] is True and res["gate"]["rule"]               # the writer's sanity gate
     assert not [t for t in res["timings"] if "error" in t] and not res["skipped"]
     assert all(c["rel_err"] < (1e-5 if c["shape"] == "r" else 2e-2) for c in res["checks"]) and len(res["checks"]) == 12
     a1 = [t for t in res["timings"] if t["tokens"] == 1 and t["shape"] == "a"]
@@ -64,8 +63,7 @@ def test_fma_method_on_cpu_under_the_interpreter(tmp_path, no_op, interpreted):
     kept; with `no_op` the plugin module loads with vLLM stubbed, as on a GPU machine without vLLM."""
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import gemv_h200 as g
+from benchmarks.kernels import gemv as g
 n = [0]
 def timer(fns, reps):
     for f in fns: f()
@@ -79,6 +77,7 @@ print(json.dumps(type(sys.modules["vllm"]).__name__ == "module" and getattr(sys.
     out = interpreted(code)
     assert json.loads(out.strip().splitlines()[-1]) is no_op                  # stubbed vLLM (no file) exactly when asked
     res = json.loads((tmp_path / "r.json").read_text())
+    assert res["gate"]["passed"] is True and res["gate"]["rule"]               # the writer's sanity gate
     assert not [t for t in res["timings"] if "error" in t] and len(res["checks"]) == 8
     assert all(c["rel_err"] < (1e-6 if c["shape"] == "r" else 2e-2) for c in res["checks"])   # fp32: exact sums
     assert all(t["tile"] == [4, 64, 4, 2] for t in res["timings"] if t.get("best_of_method"))
@@ -86,6 +85,6 @@ print(json.dumps(type(sys.modules["vllm"]).__name__ == "module" and getattr(sys.
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_methods_match_and_time(tmp_path):
-    import gemv_h200 as g
+    from benchmarks.kernels import gemv as g
     res = g.run(tokens=(1,), methods=("cublas", "triton"), tiles=((16, 256, 4, 3),), reps=5, out_paths=[tmp_path / "r.json"])
     assert not [t for t in res["timings"] if "error" in t] and set(res["step_us"]) == {"cublas_M1", "triton_M1"}
