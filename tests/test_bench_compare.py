@@ -54,6 +54,10 @@ def test_a_run_happens_in_its_tree(tmp_path):
     rec = json.loads((tmp_path / "out" / "rank_compare_run.json").read_text())
     assert rc == 0 and Path(cwd) == tree and main == (pkg / "__main__.py").resolve().as_posix()
     assert (rec["layout"], rec["returncode"], rec["command"][1:3]) == ("package", 0, ["-m", "benchmarks.engine.perf"])
+    r = subprocess.run([sys.executable, "-m", "benchmarks.engine.compare", "run", "--tree", str(tree), "--what", "rank,parity",
+                        "--out", str(tmp_path / "both"), "--deadline-s", "60"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and (tmp_path / "both" / "ran.txt").exists()                 # rank ran; parity (no module) failed
+    assert [json.loads((tmp_path / "both" / f"{w}_compare_run.json").read_text())["returncode"] for w in ("rank", "parity")] == [0, 1]
 
 
 def _dirs(tmp_path, tokens_new=None, median_new=5.0, degenerate_new=False):
