@@ -4,9 +4,10 @@
 
 # %% ../nbs/10b_dynamo.ipynb #90ce1940
 from __future__ import annotations
-import dataclasses, json, math, os, re, shlex, subprocess, sys, tempfile
+import dataclasses, json, math, os, re, shlex, shutil, subprocess, sys, tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from .config import SolarOpen2Config
 
 # %% auto #0
 __all__ = ['RUNTIME_REPO', 'PAIRINGS', 'RELEASES', 'DYNAMO_FLAGS', 'DYNAMO_FLAG_REMOVED', 'MiB', 'GiB', 'GPUS',
@@ -15,7 +16,7 @@ __all__ = ['RUNTIME_REPO', 'PAIRINGS', 'RELEASES', 'DYNAMO_FLAGS', 'DYNAMO_FLAG_
            'RECIPE_CONCURRENCY_PER_REPLICA', 'TRACE_MEAN_TOKENS', 'PARSER', 'KV_EVENTS', 'ROUTER_DECAY', 'POLICY_MOUNT',
            'POLICY_FILE', 'LABELS', 'HOST_MEMORY_PER_GPU_GIB', 'DOWNLOAD_SCRIPT', 'SLA_CHECK', 'PERF_SCRIPT',
            'RUNTIME_PROBE_CLASSES', 'DGD_COMPONENT', 'DGD_V1BETA1', 'K8S_VERSION', 'FILES', 'Release', 'release',
-           'split_dynamo_args', 'GPU', 'DynamoOptions', 'runtime_reserve', 'WorkerPlan', 'worker_plan',
+           'split_dynamo_args', 'GPU', 'DynamoOptions', 'non_kv_estimate', 'WorkerPlan', 'worker_plan',
            'DeploymentPlan', 'plan_deployment', 'format_plan', 'plan_dict', 'model_path', 'nixl_config', 'worker_args',
            'router_policy', 'frontend_args', 'graph_env', 'frontend_component', 'worker_component', 'graph_deployment',
            'router_policy_configmap', 'model_cache_pvc', 'model_download_job', 'aiperf_config', 'perf_configmap',
@@ -82,23 +83,27 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class GPU:
-    "A GPU type as the manifests use it."
-    key: str
+    "A GPU type as the manifests use it; its memory is the budget chapter's."
+    key: str                       # a key of solar_open2.budget.GPUS
     product: str
-    memory_mib: int                # total memory as nvidia-smi reports it
-    arch: str
     worker_flags: tuple = ()       # vLLM flags every worker gets on this GPU
     env: tuple = ()                # (name, value) pairs every component gets
     @property
-    def memory_bytes(self)->int: return self.memory_mib * MiB
+    def memory_bytes(self)->int:
+        from solar_open2.budget import GPUS as BUDGET_GPUS
+        return BUDGET_GPUS[self.key].memory_bytes
+    @property
+    def arch(self)->str:
+        from solar_open2.budget import GPUS as BUDGET_GPUS
+        return BUDGET_GPUS[self.key].arch
 
 _B200_ENV = (("NCCL_NVLS_ENABLE", "1"), ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"), ("VLLM_ALLREDUCE_USE_FLASHINFER", "1"),
              ("VLLM_USE_NCCL_SYMM_MEM", "0"), ("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl"))
 GPUS = {
-    "b200": GPU("b200", "NVIDIA B200", 183_359, "sm_100",
+    "b200": GPU("b200", "NVIDIA B200",
                 ("--disable-custom-all-reduce", "--moe-backend=flashinfer_trtllm", "--enable-flashinfer-autotune"), _B200_ENV),
-    "h200": GPU("h200", "NVIDIA H200", 143_771, "sm_90"),
-    "h100": GPU("h100", "NVIDIA H100 80GB HBM3", 81_559, "sm_90"),
+    "h200": GPU("h200", "NVIDIA H200"),
+    "h100": GPU("h100", "NVIDIA H100 80GB HBM3"),
 }
 COMPILATION_CONFIG = {"pass_config": {"fuse_allreduce_rms": True}}
 
@@ -210,13 +215,13 @@ def _default_image(o:DynamoOptions)->str:
     return o.image or f"solar-open2-vllm-runtime:{o.dynamo}-{__version__}"
 
 # %% ../nbs/10b_dynamo.ipynb #d4ab2b0d
-RESERVE_FIXED = 4 * GiB        # CUDA context, NCCL/all-reduce buffers, GEMM and attention workspaces, CUDA graphs
+RESERVE_FIXED = 3 * GiB        # CUDA context, NCCL/all-reduce buffers, GEMM and attention workspaces
 RESERVE_MARGIN = 1.5           # on the activation estimate
 MAX_NUM_SEQS_CAP = 512         # the recipe's --max-num-seqs
 RECIPE_BATCHED_TOKENS = {"agg": 32768, "disagg": 65536}
 
-def runtime_reserve(cfg, tp:int, max_num_batched_tokens:int, max_num_seqs:int)->dict:
-    "Bytes one rank holds besides its weights and KV pool, by part: an estimate of a forward pass of T tokens."
+def non_kv_estimate(cfg, tp:int, max_num_batched_tokens:int, max_num_seqs:int)->dict:
+    "Bytes one rank holds besides weights, KV pool and CUDA graphs, by part: an estimate of a forward pass of T tokens."
     T, H, k = max_num_batched_tokens, cfg.hidden_size, cfg.num_experts_per_tok
     I = cfg.moe_intermediate_size // tp                        # one expert's intermediate width on a rank
     HD = cfg.kda_num_heads // tp * cfg.kda_head_dim           # a rank's KDA heads x head dim
@@ -239,55 +244,63 @@ class WorkerPlan:
     max_num_batched_tokens: int
     usable_bytes: int               # u x the GPU's memory
     weights_bytes: int              # one rank's weights
-    reserve: dict                   # runtime_reserve's parts
-    kv_cache_memory_bytes: int      # the pool per GPU
+    reserve: dict                   # non_kv_estimate's parts + the budget's CUDA-graph estimate
+    kv_cache_memory_bytes: int      # the pool per GPU, pinned
     pool_derived: bool              # from the budget (False: --kv-cache-memory-bytes)
     num_blocks: int
     block_size: int
-    max_model_len_capacity: int     # the longest request one pool holds
+    max_model_len_capacity: int     # the longest request one pool holds (at most the model's)
     max_num_seqs: int = 0
-    budget: object = None           # the budget chapter's BudgetPlan at the deployment's max_model_len
+    budget: object = None           # the budget chapter's GPUPlan (pinned pool) at the deployment's max_model_len
     @property
     def reserve_bytes(self)->int: return sum(self.reserve.values())
     @property
     def gpus(self)->int: return self.tp * self.replicas
 
-def _pool_and_blocks(cfg, gpu:GPU, tp:int, o:DynamoOptions, mbt:int, seqs:int):
-    from solar_open2.budget import weights_per_rank, kv_layout, kv_capacity
-    W = weights_per_rank(cfg, tp)
-    reserve = runtime_reserve(cfg, tp, mbt, seqs)
-    usable = int(o.gpu_memory_utilization * gpu.memory_bytes)
-    pool = o.kv_cache_memory_bytes if o.kv_cache_memory_bytes else usable - W - sum(reserve.values())
-    lay = kv_layout(cfg, tp, o.kv_cache_dtype, prefix_caching=o.prefix_caching)
-    blocks = kv_capacity(lay, max(pool, 0), 1)["num_blocks"]
-    cap = max(0, (blocks - lay.kda_blocks_per_request) // max(lay.n_attn_groups, 1)) * lay.block_size
-    return W, reserve, usable, pool, lay, blocks, cap
+_GPU_PLANS = {}     # the budget's gpu_plan is pure and takes about a second: each distinct call once per process
+
+def _gpu_plan(o:DynamoOptions, cfg, tp:int, mbt:int, seqs:int, length:int, pool:int|None=None):
+    "The budget chapter's `gpu_plan` for one rank of this deployment (cached; treat the result as read-only)."
+    from solar_open2.budget import gpu_plan
+    key = (o.gpu, tp, length, o.kv_cache_dtype, o.prefix_caching, pool, o.gpu_memory_utilization, seqs, mbt,
+           json.dumps(cfg.to_dict(), sort_keys=True))
+    if key not in _GPU_PLANS:
+        _GPU_PLANS[key] = gpu_plan(o.gpu, tp, max_model_len=length, kv_cache_dtype=o.kv_cache_dtype, prefix_caching=o.prefix_caching,
+                                   kv_cache_memory_bytes=pool, gpu_memory_utilization=o.gpu_memory_utilization, max_num_seqs=seqs,
+                                   max_num_batched_tokens=mbt, non_kv_bytes=sum(non_kv_estimate(cfg, tp, mbt, seqs).values()), cfg=cfg)
+    return _GPU_PLANS[key]
 
 def worker_plan(role:str, o:DynamoOptions, want_len:int, tp:int|None=None, replicas:int=1, expert_parallel:bool=False,
                 mbt:int|None=None, cfg=None)->WorkerPlan:
-    "Plan one worker role: TP (given, or the smallest whose pool holds a `want_len` request), pool, capacity."
+    "Plan one worker role: TP (given, or the smallest whose pool holds a `want_len` request), the pinned pool, its capacity."
     from solar_open2.budget import check_tp
     cfg = cfg or SolarOpen2Config.real()
     gpu, mbt = GPUS[o.gpu], mbt or RECIPE_BATCHED_TOKENS[o.profile]
     seqs = o.max_num_seqs or MAX_NUM_SEQS_CAP
     feasible, err = [], None
     for t in ([tp] if tp else [1, 2, 4, 8]):
-        try: check_tp(cfg, t)
-        except ValueError as e: raise ValueError(f"--tp {t}: {e}") from None
-        W, reserve, usable, pool, lay, blocks, cap = r = _pool_and_blocks(cfg, gpu, t, o, mbt, seqs)
-        R = sum(reserve.values())
-        if pool <= 0 or W + pool + R > usable or blocks <= lay.kda_blocks_per_request:
-            err = (f"{role}: TP{t} on {gpu.product} leaves no room for the KV pool: {usable / GiB:.1f} GiB usable "
-                   f"(--gpu-memory-utilization {o.gpu_memory_utilization}) - {W / GiB:.1f} GiB weights - {R / GiB:.1f} GiB "
-                   f"runtime reserve" + (f" < the {pool / GiB:.1f} GiB pool given" if o.kv_cache_memory_bytes else "") +
-                   "; use a larger --tp")
+        try:
+            check_tp(cfg, t)
+            pool = o.kv_cache_memory_bytes or _gpu_plan(o, cfg, t, mbt, seqs, want_len).plan.kv_cache_memory_bytes // MiB * MiB
+            g = _gpu_plan(o, cfg, t, mbt, seqs, want_len, pool)
+        except ValueError as e:
+            err = f"{role}: TP{t} on {gpu.product}: {e}"
+            if tp: raise ValueError(err) from None
             continue
-        feasible.append((t, r))
-        if cap >= want_len: break
+        if g.free_bytes < 0 or g.plan.num_blocks <= g.plan.kda_blocks_per_request:
+            err = (f"{role}: TP{t} on {gpu.product} leaves no room for the KV pool: weights {g.plan.weights_per_rank_bytes / GiB:.1f} "
+                   f"+ pool {pool / GiB:.1f} + runtime {(g.non_kv_bytes + g.cudagraph_bytes) / GiB:.1f} GiB exceed its "
+                   f"{gpu.memory_bytes / GiB:.1f} GiB; use a larger --tp")
+            if tp: raise ValueError(err)
+            continue
+        feasible.append((t, pool, g))
+        if g.max_fitting_len >= want_len: break
     if not feasible: raise ValueError(err)
-    t, (W, reserve, usable, pool, lay, blocks, cap) = feasible[-1]
-    return WorkerPlan(role, t, replicas, expert_parallel, mbt, usable, W, reserve, pool, not o.kv_cache_memory_bytes,
-                      blocks, lay.block_size, cap)
+    t, pool, g = feasible[-1]
+    reserve = {**non_kv_estimate(cfg, t, mbt, seqs), "cuda_graphs": g.cudagraph_bytes}
+    return WorkerPlan(role, t, replicas, expert_parallel, mbt, int(gpu.memory_bytes * o.gpu_memory_utilization),
+                      g.plan.weights_per_rank_bytes, reserve, pool, not o.kv_cache_memory_bytes, g.plan.num_blocks,
+                      g.plan.block_size, g.max_fitting_len, budget=g)
 
 # %% ../nbs/10b_dynamo.ipynb #c984471c
 RECIPE_CONCURRENCY_PER_REPLICA = {"agg": 10, "disagg": 22}     # the recipe's 20 on 2 replicas, 44 on 2 decode workers
@@ -314,14 +327,12 @@ class DeploymentPlan:
     @property
     def gpus(self)->int: return sum(w.gpus for w in self.workers)
 
-def _per_request(w:WorkerPlan, tokens:int, cfg)->int:
-    from solar_open2.budget import kv_layout
-    lay = kv_layout(cfg, w.tp, w.budget.kv_cache_dtype, prefix_caching=w.budget.prefix_caching)
+def _per_request(w:WorkerPlan, tokens:int)->int:
+    lay = w.budget.plan.layout
     return lay.n_attn_groups * -(-tokens // lay.block_size) + lay.kda_blocks_per_request
 
 def plan_deployment(o:DynamoOptions, cfg=None)->DeploymentPlan:
     "Plan a deployment from its options and the budget; ValueError when a pool cannot serve it."
-    from solar_open2.budget import plan as budget_plan
     cfg = cfg or SolarOpen2Config.real()
     rel, gpu, model_max = release(o.dynamo), GPUS[o.gpu], cfg.max_position_embeddings
     if o.max_model_len and o.max_model_len > model_max:
@@ -344,16 +355,13 @@ def plan_deployment(o:DynamoOptions, cfg=None)->DeploymentPlan:
     if not o.max_model_len and L < model_max:
         warn.append(f"the context is {L:,} tokens, not the model's {model_max:,}: that is what the smallest pool holds")
     for w in workers:
-        w.budget = budget_plan(tp=w.tp, kv_cache_memory_bytes=w.kv_cache_memory_bytes, max_model_len=L,
-                               kv_cache_dtype=o.kv_cache_dtype, prefix_caching=o.prefix_caching, cfg=cfg,
-                               max_num_seqs=o.max_num_seqs or 1)
-        resident = w.budget.max_resident_seqs
+        resident = w.budget.plan.max_resident_seqs
         w.max_num_seqs = o.max_num_seqs or max(1, min(MAX_NUM_SEQS_CAP, resident))
-        w.budget.max_num_seqs = w.max_num_seqs
+        w.budget = _gpu_plan(o, cfg, w.tp, w.max_num_batched_tokens, w.max_num_seqs, L, w.kv_cache_memory_bytes)
         if w.max_num_seqs > resident:
             warn.append(f"{w.role}: --max-num-seqs {w.max_num_seqs} exceeds the {resident} requests its pool keeps resident")
     serving = [w for w in workers if w.role != "prefill"]
-    capacity = sum(w.replicas * (w.num_blocks // _per_request(w, min(TRACE_MEAN_TOKENS, L), cfg)) for w in serving)
+    capacity = sum(w.replicas * (w.num_blocks // _per_request(w, min(TRACE_MEAN_TOKENS, L))) for w in serving)
     conc = o.concurrency or RECIPE_CONCURRENCY_PER_REPLICA[o.profile] * sum(w.replicas for w in serving)
     if conc > capacity:
         if o.concurrency: warn.append(f"--concurrency {conc}: the pools hold {capacity} requests of the trace's mean "
@@ -376,13 +384,13 @@ def format_plan(p:DeploymentPlan)->str:
                    f", --max-num-batched-tokens {w.max_num_batched_tokens:,}")
         row(f"GPU memory x --gpu-memory-utilization {o.gpu_memory_utilization}", f"{w.usable_bytes / GiB:.2f} GiB")
         row("weights per rank (NVFP4 routed experts)", f"{w.weights_bytes / GiB:.2f} GiB")
-        row("runtime reserve (estimate: activations x 1.5, sampler, 4 GiB)", f"{w.reserve_bytes / GiB:.2f} GiB")
+        row("runtime memory besides weights and pool (estimate)", f"{w.reserve_bytes / GiB:.2f} GiB")
         row("KV pool per GPU (--kv-cache-memory-bytes)" + ("" if w.pool_derived else ", given"),
             f"{w.kv_cache_memory_bytes / GiB:.2f} GiB")
         row(f"blocks of {w.block_size:,} tokens", f"{w.num_blocks:,}")
-        row("longest request the pool holds", f"{w.max_model_len_capacity:,} tokens")
+        row("longest request the pool holds (at most the model's)", f"{w.max_model_len_capacity:,} tokens")
         row("--max-num-seqs (requests the pool keeps resident, at most 512)", f"{w.max_num_seqs:,}")
-        out += [f"  vLLM will log: {s}" for s in w.budget.log_lines]
+        out += [f"  vLLM will log: {s}" for s in w.budget.plan.log_lines]
     out.append(f"context (--max-model-len, frontend and workers): {p.max_model_len:,} tokens" +
                (" (the model's)" if p.max_model_len == 1_048_576 else ""))
     out.append(f"aiperf: concurrency {p.concurrency} (the pools hold {p.concurrency_capacity} requests of the trace's mean "
@@ -402,7 +410,8 @@ def plan_dict(p:DeploymentPlan)->dict:
                          "usable_bytes": w.usable_bytes, "weights_bytes": w.weights_bytes, "reserve": w.reserve,
                          "block_size": w.block_size, "num_blocks": w.num_blocks,
                          "max_model_len_capacity": w.max_model_len_capacity,
-                         "gpu_kv_cache_tokens": w.budget.gpu_kv_cache_tokens, "log_lines": w.budget.log_lines}
+                         "gpu_kv_cache_tokens": w.budget.plan.gpu_kv_cache_tokens, "log_lines": w.budget.plan.log_lines,
+                         "capture_sizes": w.budget.capture_sizes}
                         for w in p.workers]}
 
 # %% ../nbs/10b_dynamo.ipynb #b3fdb5ee
