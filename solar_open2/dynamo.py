@@ -1078,9 +1078,8 @@ def cli_dynamo(argv:list|None=None)->int:
     if a.dry_run: return 0
     try: problems = file_problems(files)
     except ImportError as e:
-        print(f"note: the Kubernetes schema check is skipped ({e}; pip install kubernetes-validate)", file=sys.stderr)
-        import yaml
-        problems = [l for t in files.values() if "DynamoGraphDeployment" in t for d in yaml.safe_load_all(t) if d and d.get("kind") == "DynamoGraphDeployment" for l in dgd_problems(d)]
+        print(f"note: the manifests were not checked against the schemas ({e}: pip install kubernetes-validate)", file=sys.stderr)
+        problems = []
     if problems:
         for l in problems: print(f"manifest: {l}", file=sys.stderr)
         return 1
