@@ -59,3 +59,17 @@ def test_arguments():
     assert C.main(["--tokens", "0"]) == 2
     assert C.main(["--cases", "nope"]) == 2
     assert {v[0] for v in C.CASES.values()} == {"auto", "fp8"} and C.CASES["fp8_vllm_choice_eager"][3] is False
+
+
+def test_engine_options_are_vllms():
+    "The engines' keyword arguments are EngineArgs fields, and the server's options parse with vLLM's own parser."
+    import dataclasses
+    from vllm.engine.arg_utils import EngineArgs
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    for case in C.CASES: assert set(C.engine_kwargs("/m", case, 2**30, 1024)) <= fields, case
+    from solar_open2.dynamo import run_arg_probe, arg_problems, vllm_interpreter
+    import importlib.metadata as md
+    py, why = vllm_interpreter(md.version("vllm").split("+")[0])
+    if py is None: pytest.skip(why)
+    probe = run_arg_probe([{"where": "serve", "kind": "frontend", "args": ["--model=/m"] + C.serve_args(8000, 2**30)}], py)
+    assert arg_problems(probe) == []

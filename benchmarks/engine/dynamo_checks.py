@@ -142,14 +142,8 @@ def child_env(shim_dir: Path) -> dict:
 
 def child(model: str, case: str, tokens: int, pool: int, max_model_len: int, out: str) -> int:
     from vllm import LLM, SamplingParams
-    kv, backend, mode, _ = CASES[case]
-    kw = dict(model=model, tokenizer=model, skip_tokenizer_init=True, dtype="bfloat16", seed=0, max_model_len=max_model_len,
-              max_num_seqs=8, kv_cache_memory_bytes=pool, kv_cache_dtype=kv, enable_prefix_caching=False)
-    if backend: kw["attention_config"] = {"backend": backend}
-    if mode == "eager": kw["enforce_eager"] = True
-    else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
     t0 = time.perf_counter()
-    llm = LLM(**kw)
+    llm = LLM(**engine_kwargs(model, case, pool, max_model_len))
     init_s = time.perf_counter() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False, logprobs=TOPK)
     res = []
@@ -203,13 +197,29 @@ def _post(url: str, body: dict, timeout: float = 120) -> dict:
     with urllib.request.urlopen(req, timeout=timeout) as r: return json.loads(r.read())
 
 
+def serve_args(port: int, pool: int) -> list:
+    "The server's options: the manifests' worker flags that apply to one GPU and the tiny model."
+    return ["--served-model-name", "solar-tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
+            "--enforce-eager", "--kv-cache-dtype", "fp8", "--attention-backend", "FLASHINFER",
+            "--kv-cache-memory-bytes", str(pool), "--reasoning-parser", "solar_open2",
+            "--logits-processors", LOGITS_PROCESSOR, "--no-enable-prefix-caching"]
+
+
+def engine_kwargs(model: str, case: str, pool: int, max_model_len: int) -> dict:
+    "The `vllm.LLM` keyword arguments of one case."
+    kv, backend, mode, _ = CASES[case]
+    kw = dict(model=model, tokenizer=model, skip_tokenizer_init=True, dtype="bfloat16", seed=0, max_model_len=max_model_len,
+              max_num_seqs=8, kv_cache_memory_bytes=pool, kv_cache_dtype=kv, enable_prefix_caching=False)
+    if backend: kw["attention_config"] = {"backend": backend}
+    if mode == "eager": kw["enforce_eager"] = True
+    else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
+    return kw
+
+
 def serve_check(model: Path, a, env: dict, deadline: float) -> dict:
     "Start vllm serve with the processor, send one budgeted and one unbudgeted chat request, stop the server."
     port, log = _free_port(), Path(a.out) / "dynamo_checks_serve.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--served-model-name", "solar-tiny",
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--enforce-eager",
-           "--kv-cache-dtype", "fp8", "--attention-backend", "FLASHINFER", "--kv-cache-memory-bytes", str(a.pool_bytes),
-           "--reasoning-parser", "solar_open2", "--logits-processors", LOGITS_PROCESSOR, "--no-enable-prefix-caching"]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model)] + serve_args(port, a.pool_bytes)
     allowed = plain_word_ids(json.loads((model / "tokenizer.json").read_text()))
     res = {"command": " ".join(cmd[2:]), "log": log.name, "answers": {}, "problems": []}
     with open(log, "w") as f:
