@@ -710,8 +710,10 @@ def runtime_check(vllm_version:str|None=None)->int:
             if arch not in ModelRegistry.get_supported_archs(): problems.append(f"{arch} is not in vLLM's model registry")
         from vllm.reasoning import ReasoningParserManager
         from vllm.tool_parsers import ToolParserManager
-        for mgr, what in ((ReasoningParserManager, "reasoning"), (ToolParserManager, "tool")):
-            if PARSER not in mgr.list_registered(): problems.append(f"the {PARSER} {what} parser is not registered")
+        for mgr, what, get in ((ReasoningParserManager, "reasoning", "get_reasoning_parser"), (ToolParserManager, "tool", "get_tool_parser")):
+            if PARSER not in mgr.list_registered(): problems.append(f"the {PARSER} {what} parser is not registered"); continue
+            try: getattr(mgr, get)(PARSER)                       # imports the lazily registered class, as vLLM does at start
+            except Exception as e: problems.append(f"the {PARSER} {what} parser does not load: {type(e).__name__}: {e}")
         from vllm.v1.sample.logits_processor import _load_logitsprocs_by_fqcns
         _load_logitsprocs_by_fqcns([LOGITS_PROCESSOR])
     except Exception as e: problems.append(f"{type(e).__name__}: {e}")
