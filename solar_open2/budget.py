@@ -307,9 +307,10 @@ def cudagraph_bytes(capture_sizes)->int:
     (x0, y0), (x1, y1) = CUDAGRAPH_READINGS
     return int(max(y0, y0 + (max(capture_sizes) - x0) * (y1 - y0) / (x1 - x0)))
 
-def capture_sizes_for(max_num_seqs:int, num_speculative_tokens:int=0)->list:
-    "The single-user capture sizes: powers of two up to the largest decode batch in tokens, max_num_seqs x (1 + k), which is included."
+def capture_sizes_for(max_num_seqs:int, num_speculative_tokens:int=0, max_num_batched_tokens:int=8192)->list:
+    "The single-user capture sizes: powers of two up to the largest decode batch in tokens, max_num_seqs x (1 + k), which is included (at most --max-num-batched-tokens, as vLLM caps them)."
     top = _count("--max-num-seqs", max_num_seqs, 1) * (1 + _count("num_speculative_tokens", num_speculative_tokens))
+    top = min(top, _count("--max-num-batched-tokens", max_num_batched_tokens, 1))
     sizes = [s for s in (2**i for i in range(top.bit_length())) if s < top]
     return sizes + [top]
 

@@ -131,7 +131,8 @@ def to_argv(o:ServeOptions)->list:
         v = getattr(o, f)
         if v != d[f].default: a += ["--" + f.replace("_", "-"), str(v)]
     from solar_open2.budget import capture_sizes_for
-    if o.capture_sizes is not None and o.graphs != "off" and o.capture_sizes != capture_sizes_for(o.max_num_seqs or 1):
+    if o.capture_sizes is not None and o.graphs != "off" and o.capture_sizes != capture_sizes_for(
+            o.max_num_seqs or 1, max_num_batched_tokens=o.max_num_batched_tokens):
         a += ["--cudagraph-capture-sizes", *map(str, o.capture_sizes)]
     if o.prefix_caching: a.append("--enable-prefix-caching")
     if o.graphs != "auto": a.append("--graphs" if o.graphs == "on" else "--eager")
@@ -917,15 +918,17 @@ def resolve_options(o:ServeOptions)->tuple:
         raise ValueError(f"--enable-prefix-caching: the {p.block_size:,}-token block exceeds --max-num-batched-tokens "
                          f"{o.max_num_batched_tokens:,} (vLLM refuses align mode then); raise --max-num-batched-tokens")
     if o.max_num_seqs is None: o = dataclasses.replace(o, max_num_seqs=max(1, min(p.max_resident_seqs, DEFAULT_MAX_NUM_SEQS)))
-    if o.capture_sizes is None: o = dataclasses.replace(o, capture_sizes=capture_sizes_for(o.max_num_seqs))
+    if o.capture_sizes is None:
+        o = dataclasses.replace(o, capture_sizes=capture_sizes_for(o.max_num_seqs, max_num_batched_tokens=o.max_num_batched_tokens))
     p = budget_plan(o)
     if o.oom_threshold >= p.node.total_bytes:
         raise ValueError(f"--oom-threshold {o.oom_threshold / GiB:.1f} GiB is not below the node's {p.node.total_bytes / GiB:.1f} GiB: "
                          "the guard would stop the server at once")
     for h in (p.head, p.worker):
         if h["available_bytes"] < 0:
-            raise ValueError(f"--kv-cache-memory-bytes {o.kv_cache_memory_bytes:,}: the {h['role']} would need {h['used_bytes'] / GiB:,.1f} GiB, "
-                             f"more than the {p.node.total_bytes / GiB:.1f} GiB a DGX Spark has")
+            raise ValueError(f"the {h['role']} would need {h['used_bytes'] / GiB:,.1f} GiB (weights {p.weights_per_rank_bytes / GiB:.1f} "
+                             f"+ --kv-cache-memory-bytes {o.kv_cache_memory_bytes / GiB:,.1f} + CUDA graphs {p.cudagraph_bytes / GiB:,.2f} "
+                             f"+ runtime {h['overhead_bytes'] / GiB:.1f} GiB), more than the {p.node.total_bytes / GiB:.1f} GiB a DGX Spark has")
     warn = []
     if o.max_num_seqs > p.max_resident_seqs:
         warn.append(f"--max-num-seqs {o.max_num_seqs} exceeds the {p.max_resident_seqs} requests the KV pool can hold at once")
@@ -1023,6 +1026,7 @@ def cli_scripts(argv:list|None=None)->int:
     ap = _scripts_parser()
     try:
         a = ap.parse_args(argv)
+        if not a.out.strip(): raise ValueError("--out: an empty directory name")
         o, p, warn = resolve_options(options_from_args(a))
         paths = write_scripts(generate_scripts(o), a.out, a.force)
     except SystemExit as e: return int(e.code or 0)                    # --help
@@ -1086,7 +1090,8 @@ def node_preflight_main(argv:list|None=None)->int:
         kv_dtype_bytes(a.kv_cache_dtype)
         p = plan(tp=a.tp, kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
                  kv_cache_dtype=a.kv_cache_dtype)
-        if a.cudagraph_bytes < 0 or a.oom_threshold <= 0: raise ValueError("--cudagraph-bytes and --oom-threshold must be positive")
+        if a.cudagraph_bytes < 0: raise ValueError(f"--cudagraph-bytes must be >= 0, got {a.cudagraph_bytes}")
+        if a.oom_threshold <= 0: raise ValueError(f"--oom-threshold must be positive, got {a.oom_threshold}")
     except ValueError as e: return err(e)
     g = a.cudagraph_bytes
     need = p.weights_per_rank_bytes + a.kv_cache_memory_bytes + g + a.oom_threshold
@@ -1100,7 +1105,8 @@ def node_preflight_main(argv:list|None=None)->int:
             if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict): raise ValueError("no 'files' table")
         except (OSError, ValueError) as e: return err(f"--manifest {a.manifest}: not a readable checkpoint manifest ({e})")
     if a.write_manifest and a.model and Path(a.model).is_dir():
-        Path(a.write_manifest).write_text(json.dumps(checkpoint_manifest(a.model)) + "\n")
+        try: Path(a.write_manifest).write_text(json.dumps(checkpoint_manifest(a.model)) + "\n")
+        except OSError as e: return err(f"--write-manifest {a.write_manifest}: cannot write it ({e.strerror or e})")
     problems = node_preflight(a.model, a.venv, a.node_ip, a.ifname, need, detail, manifest, a.max_jobs, not a.no_ray,
                               a.root, a.path, user=a.user)
     for l in problems: print(l)
