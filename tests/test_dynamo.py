@@ -85,24 +85,35 @@ def test_golden_args_paired_vllm(rel):
     assert D.arg_problems(probe, version) == []
 
 
-def test_golden_args_installed_vllm():
-    "The same against the vLLM installed here (0.25.1: what CI has), for the manifests of both releases."
+BAD = [{"where": "bad/flag", "kind": "worker", "args": ["--model=/m", "--enable-turbo-mode"]},
+       {"where": "bad/kv", "kind": "worker", "args": ["--model=/m", "--kv-cache-dtype=fp4"]},
+       {"where": "bad/lp", "kind": "worker", "args": ["--model=/m", "--logits-processors=solar_open2.nope:X"]},
+       {"where": "bad/tool", "kind": "frontend", "args": ["--tool-call-parser=solar_open3"]}]
+
+
+@pytest.fixture(scope="module")
+def installed_probe():
+    "One probe of the vLLM installed here (0.25.1: what CI has) over both releases' manifests, the GPU script's server, and BAD."
     import importlib.metadata as md
+    from benchmarks.engine import dynamo_checks
     version = md.version("vllm").split("+")[0]
-    probe = D.run_arg_probe(_cases("1.4.1") + _cases("1.7.0"), _interpreter(version))
-    assert D.arg_problems(probe, version) == []
-    assert len(probe["results"]) == 2 * 5                  # agg: frontend + worker; disagg: frontend + prefill + decode
+    serve = [{"where": "gpu-checks/serve", "kind": "frontend", "args": ["--model=/m"] + dynamo_checks.serve_args(8000, 2**30)}]
+    return version, D.run_arg_probe(_cases("1.4.1") + _cases("1.7.0") + serve + BAD, _interpreter(version))
 
 
-def test_arg_probe_can_fail():
-    "The probe rejects what vLLM would: an unknown flag, a choice vLLM does not offer, a parser nobody registered."
-    import importlib.metadata as md
-    probe = D.run_arg_probe([{"where": "bad/flag", "kind": "worker", "args": ["--model=/m", "--enable-turbo-mode"]},
-                             {"where": "bad/kv", "kind": "worker", "args": ["--model=/m", "--kv-cache-dtype=fp4"]},
-                             {"where": "bad/lp", "kind": "worker", "args": ["--model=/m", "--logits-processors=solar_open2.nope:X"]},
-                             {"where": "bad/tool", "kind": "frontend", "args": ["--tool-call-parser=solar_open3"]}],
-                            _interpreter(md.version("vllm").split("+")[0]))
-    assert [l.split(":")[0] for l in D.arg_problems(probe)] == ["bad/flag", "bad/kv", "bad/lp", "bad/tool"]
+def test_golden_args_installed_vllm(installed_probe):
+    "Every argument of both releases' manifests (and the GPU checks' server) parses and resolves with the installed vLLM."
+    version, probe = installed_probe
+    good = {**probe, "results": [r for r in probe["results"] if not r["where"].startswith("bad/")]}
+    assert D.arg_problems(good, version) == []
+    assert len(good["results"]) == 2 * 5 + 1               # agg: frontend + worker; disagg: frontend + prefill + decode; serve
+
+
+def test_arg_probe_can_fail(installed_probe):
+    "The probe rejects what vLLM would: an unknown flag, a choice vLLM does not offer, a class or parser that does not exist."
+    _, probe = installed_probe
+    bad = {**probe, "results": [r for r in probe["results"] if r["where"].startswith("bad/")]}
+    assert [l.split(":")[0] for l in D.arg_problems(bad)] == ["bad/flag", "bad/kv", "bad/lp", "bad/tool"]
 
 
 @pytest.fixture(scope="module")
