@@ -1,6 +1,6 @@
 """What the benchmarks share: where the repository and its results are, the CUDA-graph timer, the head of every result
 JSON (command, tree, GPU, versions) and its writer, which writes nothing without the benchmark's sanity gate, the
-integer-list and tile-list flags, and the plugin's kernel modules loaded without vLLM."""
+integer-list and tile-list flags, and the plugin's kernel modules (`solar_open2.vllm.ops`, which import no vLLM)."""
 import argparse, os, subprocess, sys
 from pathlib import Path
 from typing import Callable
@@ -142,7 +142,7 @@ def add_run_args(ap:argparse.ArgumentParser, reps:int, deadline_s:float, no_op:b
     "The flags every kernel benchmark shares: --reps, --deadline-s, --out (default $OUT) and, for the plugin's kernels, --no-op."
     ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--deadline-s", type=float, default=deadline_s, help="start no timing after this many seconds")
-    if no_op: ap.add_argument("--no-op", action="store_true", help="load the kernels without vLLM (no op registration)")
+    if no_op: ap.add_argument("--no-op", action="store_true", help="accepted for older command lines; no effect (the kernels import no vLLM)")
     ap.add_argument("--out", type=Path, default=out_dir_default(), help="also write the JSON here (default $OUT)")
     ap.add_argument("--results-dir", type=Path, default=INCOMING, help="where the JSON is written (default "
                     "benchmarks/results/incoming/: file it with `python -m benchmarks.index add`)")
@@ -155,23 +155,7 @@ def result_paths(name:str, results:Path, out:Path|None)->list|None:
     return [results / f"{name}.json"] + ([out / f"{name}.json"] if out else [])
 
 def plugin_module(name:str, no_op:bool|None=None):
-    """`solar_open2.vllm.<name>` (`kda_gates` or `gemv`, the kernel chapters 08h and 08i). With `no_op` (a machine
-    without vLLM), the few vLLM names those modules import are stubbed first: the op registration does nothing, the
-    linear-method base classes are empty. Only this process sees the stubs; the kernels, wrappers and checks are the
-    module's own. `None`: stub only if vLLM does not import."""
-    import importlib, types
-    if no_op is None:
-        try: import vllm.utils.torch_utils  # noqa: F401
-        except ImportError: no_op = True
-    if no_op:
-        stubs = {"vllm.utils.torch_utils": {"direct_register_custom_op": lambda **kw: None},
-                 "vllm.envs": {"VLLM_BATCH_INVARIANT": False},
-                 "vllm.model_executor.layers.linear": {"UnquantizedLinearMethod": type("UnquantizedLinearMethod", (), {})},
-                 "vllm.model_executor.layers.vocab_parallel_embedding": {
-                     "ParallelLMHead": type("ParallelLMHead", (), {}),
-                     "UnquantizedEmbeddingMethod": type("UnquantizedEmbeddingMethod", (), {})}}
-        for mod, names in stubs.items():
-            parts = mod.split(".")
-            for i in range(1, len(parts) + 1): sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-            for k, v in names.items(): setattr(sys.modules[mod], k, v)
-    return importlib.import_module(f"solar_open2.vllm.{name}")
+    """`solar_open2.vllm.ops.<name>`: the plugin's kernels, which import nothing of vLLM, so a GPU machine without vLLM
+    runs them as they are. (`no_op` is accepted for older callers and does nothing.)"""
+    import importlib
+    return importlib.import_module(f"solar_open2.vllm.ops.{name}")

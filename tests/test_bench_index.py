@@ -65,7 +65,7 @@ def test_chapter_09_and_the_readme_read_only_current_files():
 def test_current_holds_exactly_what_is_read():
     "Each current file is named by a chapter other than the history, by the README, or by the index's figures and names."
     read = set()
-    for nb in (ROOT / "nbs").glob("*.ipynb"):
+    for nb in (ROOT / "nbs").rglob("*.ipynb"):
         if nb.name != HISTORY: read |= _mentioned(_sources(nb))
     read |= _mentioned((ROOT / "README.md").read_text())
     read |= {Path(f["file"]).name for f in IDX["figures"].values()}
@@ -170,7 +170,7 @@ CITED = re.compile(r"(?<![\w/])(benchmarks/[\w./-]+|scripts/[\w./-]+\.py)")
 
 def test_every_cited_benchmark_path_exists():
     "A path under benchmarks/ or scripts/ named by a chapter (not the history), the README or the package exists."
-    texts = {nb.name: _sources(nb) for nb in (ROOT / "nbs").glob("*.ipynb") if nb.name != HISTORY}
+    texts = {nb.relative_to(ROOT / "nbs").as_posix(): _sources(nb) for nb in (ROOT / "nbs").rglob("*.ipynb") if nb.name != HISTORY}
     texts["README.md"] = (ROOT / "README.md").read_text()
     texts |= {p.name: p.read_text() for p in (ROOT / "solar_open2").rglob("*.py")}
     stale = {}

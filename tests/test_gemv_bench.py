@@ -57,10 +57,9 @@ res = g.run(tokens=(1, 3), methods=("cublas", "triton"), tiles=((16, 32, 4, 1), 
                               "triton_M1": 3 * 94 + 2 * 92, "triton_M3": 3 * 90 + 2 * 88}
     assert res["step_bytes"] == 3 * 40 * 64 * 2 + 2 * 24 * 32 * 4
 
-@pytest.mark.parametrize("no_op", [False, True])
-def test_fma_method_on_cpu_under_the_interpreter(tmp_path, no_op, interpreted):
-    """`fma` (chapter 08i's `gemv_fma_kernel`): bf16 and fp32 weights checked against fp64, its own tiles, the faster one
-    kept; with `no_op` the plugin module loads with vLLM stubbed, as on a GPU machine without vLLM."""
+def test_fma_method_on_cpu_under_the_interpreter(tmp_path, interpreted):
+    """`fma` (the ops' `gemv_fma_kernel`): bf16 and fp32 weights checked against fp64, its own tiles, the faster one
+    kept; the kernels import nothing of vLLM, so a GPU machine without vLLM runs the benchmark as it is."""
     code = f"""
 import json, sys
 from benchmarks.kernels import gemv as g
@@ -70,12 +69,11 @@ def timer(fns, reps):
     n[0] += 1; return 10.0 - n[0]                  # the later tile is the faster one
 shapes = [dict(name="a", N=40, K=64, dtype="bfloat16", per_step=3), dict(name="r", N=24, K=32, dtype="float32", per_step=2)]
 res = g.run(tokens=(1, 5), methods=("fma",), fma_tiles=((2, 32, 4), (4, 64, 4, 2)), reps=1, deadline_s=600,
-            out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=shapes, l2_bytes=4000, max_copies=2, timer=timer,
-            no_op={no_op})
-print(json.dumps(type(sys.modules["vllm"]).__name__ == "module" and getattr(sys.modules["vllm"], "__file__", None) is None))
+            out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=shapes, l2_bytes=4000, max_copies=2, timer=timer)
+print(json.dumps(sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm."))))
 """
     out = interpreted(code)
-    assert json.loads(out.strip().splitlines()[-1]) is no_op                  # stubbed vLLM (no file) exactly when asked
+    assert json.loads(out.strip().splitlines()[-1]) == []                       # vLLM never imported
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["gate"]["passed"] is True and res["gate"]["rule"]               # the writer's sanity gate
     assert not [t for t in res["timings"] if "error" in t] and len(res["checks"]) == 8

@@ -17,15 +17,14 @@ def test_no_gpu_exits_2_and_bad_flags_name_themselves():
 def test_real_shapes_and_the_check_rule():
     from benchmarks.kernels import kda_gates as m
     from solar_open2.config import SolarOpen2Config
-    from solar_open2.vllm.kda_gates import checks_pass
+    from solar_open2.vllm.ops.kda_gates import checks_pass
     assert m.real_shapes(SolarOpen2Config.real()) == dict(d=4096, r=128, P=4096)     # chapter 09's per-rank table
     ok = {"dtype": "bfloat16", "rel_rms": 2.0e-3, "plain_rel_rms": 1.3e-3}
     assert checks_pass([ok, {"dtype": "float32", "rel_rms": 2e-7, "plain_rel_rms": 1e-7}])
     assert not checks_pass([{**ok, "rel_rms": 3.0e-3}])                       # > 1.5 x 1.3e-3 + 1e-3
     assert not checks_pass([{"dtype": "float32", "rel_rms": 2e-6, "plain_rel_rms": 0.0}])
 
-@pytest.mark.parametrize("no_op", [False, True])
-def test_run_on_cpu_under_the_interpreter(tmp_path, no_op, interpreted):
+def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks, per-launch and joint timing, bytes, JSON) at small shapes, the interpreter, a fake timer."
     code = f"""
 import json, sys
@@ -37,7 +36,7 @@ def timer(fns, reps):
     return {{1: 9.0, 3: 4.0, 4: 2.5}}.get(n[0] % 6, 5.0)     # per token count: cublas 9, a: 2nd tile faster, b: 1st
 res = m.run(tokens=(1, 3, 20), a_tiles=((2, 32, 4), (4, 64, 4)), b_tiles=((16, 16, 4), (8, 16, 2)), reps=1,
             out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu", shapes=dict(d=64, r=16, P=40), timer=timer,
-            deadline_s=600, no_op={no_op}, l2_bytes=20000)
+            deadline_s=600, l2_bytes=20000)
 print(json.dumps(n[0]))
 """
     out = interpreted(code)

@@ -130,52 +130,63 @@ def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
     assert not a.fuse_kda_proj and "additional_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")
     assert ph.settings(a, "graphs")["fuse_kda_proj"] is None                 # None: the plugin's own default
     n = ph.parse_args(["--phase", "graphs", "--no-fuse-kda-proj"])
-    assert ph.engine_kwargs(n, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_fuse_kda_proj": False}
+    assert ph.engine_kwargs(n, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"fuse_kda_proj": False}}
     f = ph.parse_args(["--phase", "graphs", "--fuse-kda-proj"])
     for phase in ("eager", "graphs"):
-        assert ph.engine_kwargs(f, str(tmp_path), phase)["additional_config"] == {"solar_open2_fuse_kda_proj": True}
+        assert ph.engine_kwargs(f, str(tmp_path), phase)["additional_config"] == {"solar_open2": {"fuse_kda_proj": True}}
     assert ph.settings(f, "graphs")["fuse_kda_proj"] is True
     if importlib.util.find_spec("vllm") is not None:
         from vllm.engine.arg_utils import EngineArgs
         e = ph.engine_kwargs(f, str(tmp_path), "eager")
-        assert EngineArgs(**e).additional_config == {"solar_open2_fuse_kda_proj": True}
+        assert EngineArgs(**e).additional_config == {"solar_open2": {"fuse_kda_proj": True}}
 
 def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
     assert a.kda_gate_kernel is None and ph.settings(a, "graphs")["kda_gate_kernel"] is None
     g = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel"])
-    assert ph.engine_kwargs(g, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_kda_gate_kernel": True}
+    assert ph.engine_kwargs(g, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"kda_gate_kernel": True}}
     both = ph.parse_args(["--phase", "graphs", "--no-fuse-kda-proj", "--kda-gate-kernel"])   # one dict, neither lost
-    assert ph.engine_kwargs(both, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_fuse_kda_proj": False, "solar_open2_kda_gate_kernel": True}
+    assert ph.engine_kwargs(both, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"fuse_kda_proj": False, "kda_gate_kernel": True}}
     assert ph.settings(both, "graphs")["kda_gate_kernel"] is True
     three = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel", "--gemv-kernel"])
-    assert ph.engine_kwargs(three, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_kda_gate_kernel": True, "solar_open2_gemv_kernel": True}
+    assert ph.engine_kwargs(three, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"kda_gate_kernel": True, "gemv_kernel": True}}
     assert ph.settings(three, "graphs")["gemv_kernel"] is True and ph.settings(both, "graphs")["gemv_kernel"] is None
     four = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel", "--gemv-kernel", "--kda-decode-kernel"])
-    assert ph.engine_kwargs(four, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_kda_gate_kernel": True, "solar_open2_gemv_kernel": True, "solar_open2_kda_decode_kernel": True}
+    assert ph.engine_kwargs(four, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"kda_gate_kernel": True, "gemv_kernel": True, "kda_decode_kernel": True}}
     assert ph.settings(four, "graphs")["kda_decode_kernel"] is True and ph.settings(three, "graphs")["kda_decode_kernel"] is None
     off = ph.parse_args(["--phase", "graphs", "--no-router-kernel"])          # 08k's key, default on: only set when asked
-    assert ph.engine_kwargs(off, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_router_kernel": False}
+    assert ph.engine_kwargs(off, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"router_kernel": False}}
     assert ph.settings(off, "graphs")["router_kernel"] is False and ph.settings(four, "graphs")["router_kernel"] is None
     pairs = ph.parse_args(["--phase", "graphs", "--moe-pairs"])
-    assert ph.engine_kwargs(pairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_moe_pairs": True}
+    assert ph.engine_kwargs(pairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"moe_pairs": True}}
     assert ph.settings(pairs, "graphs")["moe_pairs"] is True and ph.settings(off, "graphs")["moe_pairs"] is None
     gates = ph.parse_args(["--phase", "graphs", "--kda-decode-gates", "--moe-pairs"])
-    assert ph.engine_kwargs(gates, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_moe_pairs": True, "solar_open2_kda_decode_gates": True}
+    assert ph.engine_kwargs(gates, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"moe_pairs": True, "kda_decode_gates": True}}
     assert ph.settings(gates, "graphs")["kda_decode_gates"] is True and ph.settings(pairs, "graphs")["kda_decode_gates"] is None
     nopairs = ph.parse_args(["--phase", "graphs", "--no-gemv-pairs"])          # 08i's pairs, default on: only set when asked
-    assert ph.engine_kwargs(nopairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_pairs": False}
+    assert ph.engine_kwargs(nopairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"gemv_pairs": False}}
     assert ph.settings(nopairs, "graphs")["gemv_pairs"] is False and ph.settings(gates, "graphs")["gemv_pairs"] is None
     noflat = ph.parse_args(["--phase", "graphs", "--no-gemv-flat"])            # 08i's flat body, default on: only set when asked
-    assert ph.engine_kwargs(noflat, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_flat": False}
+    assert ph.engine_kwargs(noflat, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"gemv_flat": False}}
     assert ph.settings(noflat, "graphs")["gemv_flat"] is False and ph.settings(gates, "graphs")["gemv_flat"] is None
     nodirect = ph.parse_args(["--phase", "graphs", "--no-moe-direct-out"])    # 08g's direct output, default on: only set when asked
-    assert ph.engine_kwargs(nodirect, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_moe_direct_out": False}
+    assert ph.engine_kwargs(nodirect, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"moe_direct_out": False}}
     assert ph.settings(nodirect, "graphs")["moe_direct_out"] is False and ph.settings(noflat, "graphs")["moe_direct_out"] is None
+
+def test_plugin_flags_are_generated_from_the_options_table(tmp_path):
+    "One --x / --no-x per option of solar_open2.vllm.options, and the plugin's own parser reads what the harness passes."
+    from solar_open2.vllm.options import OPTIONS, parse_options
+    flags = {a.dest: a for a in ph.build_parser()._actions if a.option_strings}
+    for o in OPTIONS:
+        assert flags[o.name].option_strings == [f"--{o.flag}", f"--no-{o.flag}"] and flags[o.name].default is None, o.name
+        assert o.what in flags[o.name].help and ("on" if o.default else "off") in flags[o.name].help
+    assert [d for d, _, _ in ph.PLUGIN_KEYS] == [o.name for o in OPTIONS] and "moe_kernels" in flags   # new with the table
+    a = ph.parse_args(["--phase", "graphs", "--no-moe-kernels", "--gemv-pairs"])
+    ac = ph.engine_kwargs(a, str(tmp_path), "graphs")["additional_config"]
+    assert ac == {"solar_open2": {"gemv_pairs": True, "moe_kernels": False}}
+    opts = parse_options(ac)
+    assert (opts.gemv_pairs, opts.moe_kernels, opts.moe_pairs, opts.moe_direct_out) == (True, False, False, False)   # needs moe_kernels
+    assert ph.settings(a, "graphs")["moe_kernels"] is False and ph.settings(a, "graphs")["router_kernel"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])

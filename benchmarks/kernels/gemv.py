@@ -21,8 +21,7 @@ wired into the plugin:
 Each timing captures calls on different weight copies (enough to exceed 200 MB, so the weights come from HBM as in
 the engine, where ~10 GB pass between two reads of one matrix) in one CUDA graph and replays it. Reported per shape:
 microseconds and TB/s; per method: the step total, sum over shapes of (uses per step x time), the figure to compare
-with the profile's dense-GEMM family. Needs only torch and triton: without vLLM (`--no-op`, or when it does not
-import) the plugin module is loaded with its few vLLM names stubbed (`benchmarks.common.plugin_module`).
+with the profile's dense-GEMM family. Needs only torch and triton: the plugin's kernels import no vLLM.
 
 Output: `benchmarks/results/incoming/gemv_h200.json` (and `$OUT/` when set), written after every timing.
 """
@@ -73,12 +72,11 @@ def gate(res:dict)->bool:
     return bool(res["checks"]) and all(key(r) in ok for r in res["timings"] if "us" in r)
 
 def run(tokens=(1, 8), methods=METHODS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_paths=(), device:str="cuda",
-        shapes:list|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, fma_tiles=FMA_TILES,
-        no_op:bool|None=None)->dict:
+        shapes:list|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, fma_tiles=FMA_TILES)->dict:
     """Check each method against fp32, then time it at every shape and token count; returns the result dict (also
     written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test (Triton's interpreter, a fake timer)."""
     import torch, torch.nn.functional as F
-    gm = plugin_module("gemv", no_op)                              # chapter 08i: the kernels the plugin runs
+    gm = plugin_module("gemv")                                     # the plugin's GEMV kernels (solar_open2.vllm.ops.gemv)
     t0 = time.perf_counter()
     shapes, timer = shapes or dense_shapes(SolarOpen2Config.real()), timer or time_graph
     res = {**result_head("gemv_h200", device, ROOT), "tp": TP, "shapes": shapes, "tiles": [list(t) for t in tiles], "fma_tiles": [list(t) for t in fma_tiles], "bandwidth_Bps": budget.BANDWIDTH["h200"],
@@ -150,7 +148,7 @@ def main(argv=None)->int:
     a = ap.parse_args(argv)
     outs = result_paths("gemv_h200", a.results_dir, a.out)
     if outs is None: return 2
-    res = run(a.tokens, a.methods, tiles=a.tiles, fma_tiles=a.fma_tiles, reps=a.reps, deadline_s=a.deadline_s, out_paths=outs, no_op=a.no_op or None)
+    res = run(a.tokens, a.methods, tiles=a.tiles, fma_tiles=a.fma_tiles, reps=a.reps, deadline_s=a.deadline_s, out_paths=outs)
     for k, v in res["step_us"].items(): print(f"{k}: {v} us per step for {res['step_bytes'] / 1e9:.2f} GB "
                                               f"({res['step_bytes'] / v / 1e6:.2f} TB/s)")
     bad = [r for r in res["timings"] if "error" in r]

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""The KDA low-rank gates (`solar_open2.vllm.kda_gates`, chapter 08h) at the real per-rank shapes on one GPU.
+"""The KDA low-rank gates (`solar_open2.vllm.ops.kda_gates`, chapter `08_ops/kda_gates`) at the real per-rank shapes on one GPU.
 
     python -m benchmarks.kernels.kda_gates [--tokens 1,2,4,8] [--a-tiles 2x1024x4,...] [--b-tiles 32x128x4,...]
 
-Needs only torch and triton at run time. The module imports vLLM only to register its op; `--no-op` stubs that
-registration out, so the script runs on the GPU machine without the staging steps. One KDA layer's gate weights on one rank at TP2: `fg_a_proj`
+Needs only torch and triton: the plugin's kernels import no vLLM, so it runs on the GPU machine without the staging
+steps (`--no-op` is accepted for older command lines and changes nothing). One KDA layer's gate weights on one rank at TP2: `fg_a_proj`
 [256, 4096], `f_b_proj` and `g_b_proj` [4096, 128], bf16. It first checks the kernels on the GPU (chapter 08h's
 cases in fp32 and bf16, then the real shapes), then, per token count, times:
 
@@ -41,11 +41,11 @@ def gate(res:dict)->bool:
     return res.get("checks_pass") is True
 
 def run(tokens=(1, 2, 4, 8), a_tiles=A_TILES, b_tiles=B_TILES, reps:int=50, deadline_s:float=90.0, out_paths=(),
-        device:str="cuda", shapes:dict|None=None, timer=None, no_op:bool=False, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
+        device:str="cuda", shapes:dict|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64)->dict:
     """Check, then per token count time the module path, each launch over its tiles and the best pair; returns the
     result dict (also written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
     import torch
-    kg = plugin_module("kda_gates", no_op)
+    kg = plugin_module("kda_gates")
     t0 = time.perf_counter()
     shp, timer = dict(shapes or real_shapes(SolarOpen2Config.real())), timer or time_graph
     d, r, P = shp["d"], shp["r"], shp["P"]
@@ -114,7 +114,7 @@ def main(argv=None)->int:
     a = ap.parse_args(argv)
     outs = result_paths("kda_gates_h200", a.results_dir, a.out)
     if outs is None: return 2
-    res = run(a.tokens, a.a_tiles, a.b_tiles, a.reps, a.deadline_s, outs, no_op=a.no_op or None)
+    res = run(a.tokens, a.a_tiles, a.b_tiles, a.reps, a.deadline_s, outs)
     for c in res["checks"]: print("check", c)
     for T, b in res["best"].items():
         if "triton" in b:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 from solar_open2 import budget
 from solar_open2.config import SolarOpen2Config
-from solar_open2.vllm import (FUSE_KDA_PROJ, GEMV_FLAT, GEMV_KERNEL, GEMV_PAIRS, KDA_DECODE_GATES, KDA_DECODE_KERNEL,
-                              KDA_GATE_KERNEL, MOE_DIRECT_OUT, MOE_PAIRS, ROUTER_KERNEL)   # constants only: no vllm import
+from solar_open2.vllm.options import KEY as OPTIONS_KEY, OPTIONS   # the plugin's options table (no vllm import)
 from benchmarks.common import INCOMING, out_dir_default
 
 PROG = "python -m benchmarks.engine.perf"
@@ -45,19 +44,15 @@ def _ints(s:str)->list:
     return v
 
 KINDS = ("decode", "prefill", "batch", "profile")
-# (flag dest, the plugin's additional_config key, what it switches): one --x / --no-x flag each, recorded in `settings`
-PLUGIN_KEYS = (
-    ("fuse_kda_proj", FUSE_KDA_PROJ, "the KDA layers' fused input projections (qkvb_proj, fg_a_proj) and one short conv"),
-    ("kda_gate_kernel", KDA_GATE_KERNEL, "the KDA low-rank gates of decode batches through chapter 08h's kernels"),
-    ("gemv_kernel", GEMV_KERNEL, "small-batch dense projections, router and LM head through chapter 08i's GEMV kernels"),
-    ("kda_decode_kernel", KDA_DECODE_KERNEL, "KDA decode steps (conv, gate, delta rule, o_norm) in chapter 08j's one kernel"),
-    ("router_kernel", ROUTER_KERNEL, "MoE routing of decode batches (logits, top-8, weights) in chapter 08k's one kernel"),
-    ("moe_pairs", MOE_PAIRS, "08k's routing kernel writes the activation pairs that 08f's half2 gate/up reads (with --moe-backend emulation)"),
-    ("gemv_pairs", GEMV_PAIRS, "two projections of one input in one launch where chapter 08i's PAIR_TILES says so (the attention layers' qkv_proj + g_proj)"),
-    ("gemv_flat", GEMV_FLAT, "08h's flat one-token GEMV body for the shapes chapter 08i's table gives it (o_proj); off: the 3-D plan"),
-    ("moe_direct_out", MOE_DIRECT_OUT, "with --moe-backend emulation, 08g's decode kernels write the MoE layer's output in vLLM's finalize step; off: the workspace copy"),
-    ("kda_decode_gates", KDA_DECODE_GATES, "KDA decode steps in three launches: qkvb_proj + fg_a_proj in one GEMV, the gates' up-projections and beta in 08j's kernel"),
-)
+# One --x / --no-x flag per option of the plugin's table (solar_open2.vllm.options.OPTIONS), generated from it:
+# (flag dest = the option's name, its older per-option key, what it switches). Given flags reach the engine as
+# additional_config {"solar_open2": {name: value}}; each is recorded in `settings` under its name (None: the default).
+PLUGIN_KEYS = tuple((o.name, o.key, o.what) for o in OPTIONS)
+
+def option_help(o)->str:
+    "A generated flag's help: what the option does, its default, what it needs, where it is derived."
+    needs = f"; needs {', '.join('--' + r.replace('_', '-') for r in o.requires)}" if o.requires else ""
+    return f"{o.what} (plugin option {o.name}, default {'on' if o.default else 'off'}{needs}; chapter {o.chapter})"
 
 def _env_pair(s:str)->tuple:
     k, sep, v = s.partition("=")
@@ -110,9 +105,8 @@ def build_parser()->argparse.ArgumentParser:
                     help="graphs phase: vllm = vLLM's default torch.compile + FULL_AND_PIECEWISE graphs; "
                          "none = no torch.compile, FULL_DECODE_ONLY graphs (faster start)")
     ap.add_argument("--moe-backend", default="auto", help="vLLM --moe-backend (auto: let vLLM choose and record it)")
-    for dest, key, what in PLUGIN_KEYS:                                     # --x / --no-x: additional_config key, else the plugin's default
-        ap.add_argument("--" + dest.replace("_", "-"), action=argparse.BooleanOptionalAction, default=None,
-                        help=f"{what} (additional_config {key}); default: the plugin's default")
+    for o in OPTIONS:                                                       # --x / --no-x, from the plugin's options table
+        ap.add_argument("--" + o.flag, dest=o.name, action=argparse.BooleanOptionalAction, default=None, help=option_help(o))
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,
                     help="graphs phase: vLLM's all-reduce + RMSNorm fusion pass (pass_config fuse_allreduce_rms, needs "
                          "flashinfer.comm) on or off; default: vLLM's default (on for TP > 1 when flashinfer.comm imports)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from solar_open2.config import SolarOpen2Config
 from benchmarks.common import ROOT
-from benchmarks.engine.perf.cli import CONFIG_NOTES, PHASES, PLUGIN_KEYS, model_config, kv_prediction, run_name, strip_flags
+from benchmarks.engine.perf.cli import CONFIG_NOTES, OPTIONS_KEY, PHASES, PLUGIN_KEYS, model_config, kv_prediction, run_name, strip_flags
 from benchmarks.engine.perf.enginelog import compare_kv, parse_engine_log
 from benchmarks.engine.perf.figures import (batch_stats, decode_roofline, first_token_sanity, output_sanity, predicted_step_us,
                                             prefill_roofline, sanity_passed, single_stream_stats, with_roofline)
@@ -117,8 +117,8 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
     att = {k: v for k, v in (("backend", a.attention_backend), ("flash_attn_max_num_splits_for_cuda_graph", a.attn_max_splits))
            if v is not None}
     if att: kw["attention_config"] = att
-    ac = {key: getattr(a, dest) for dest, key, _ in PLUGIN_KEYS if getattr(a, dest) is not None}
-    if ac: kw["additional_config"] = ac
+    opts = {dest: getattr(a, dest) for dest, _, _ in PLUGIN_KEYS if getattr(a, dest) is not None}
+    if opts: kw["additional_config"] = {OPTIONS_KEY: opts}                 # the plugin's one key; unknown names fail at start
     if phase == "eager": kw["enforce_eager"] = True
     else:
         cc = {"cudagraph_capture_sizes": sorted(a.capture_sizes)}
