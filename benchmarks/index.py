@@ -28,7 +28,7 @@ INDEX = RESULTS / "INDEX.json"
 SCHEMA = 1
 FIELDS = ("file", "was", "kind", "run", "what", "commit", "added_in", "date", "gpu", "current", "superseded_by")
 KINDS = ("engine", "engine-ab", "engine-merged", "engine-log", "driver-log", "trace", "kernel", "parity", "parity-log",
-         "chat", "chat-log", "explore", "explore-notes", "log", "plot", "install-log")
+         "chat", "chat-log", "explore", "explore-notes", "log", "plot", "install-log", "compare")
 DATE = re.compile(r"\d{4}-\d\d-\d\d")
 GATES = ("passed", "failed", "unchecked")
 

@@ -33,7 +33,8 @@ def test_each_layout_gets_its_own_command(tmp_path):
     new_r = cmp.run_command(ROOT, "rank", Path("/o"), 500, python="py")
     assert old_p[:2] == ["py", "scripts/gpu_parity.py"] and new_p[:3] == ["py", "-m", "benchmarks.engine.parity"]
     assert old_r[:2] == ["py", "benchmarks/perf_h200.py"] and new_r[:3] == ["py", "-m", "benchmarks.engine.perf"]
-    assert old_p[2:] == new_p[3:] and old_r[2:-6] == new_r[3:-6]                        # the same run on both trees
+    assert old_p[2:-6] == new_p[3:-6] and old_r[2:-6] == new_r[3:-6]                    # the same run on both trees
+    assert old_p[old_p.index("--name") + 1] == "gpu_parity_compare_scripts" and new_p[new_p.index("--name") + 1] == "gpu_parity_compare_package"
     assert "--moe-backend" in new_r and new_r[new_r.index("--config") + 1] == "rank" and new_r[new_r.index("--variant") + 1] == "compare_package"
     with pytest.raises(ValueError, match="neither layout"): cmp.layout(tmp_path / "nothing")
     with pytest.raises(ValueError, match="--what"): cmp.run_command(ROOT, "prefill", Path("/o"), 1)
@@ -63,7 +64,7 @@ def test_a_run_happens_in_its_tree(tmp_path):
 def _dirs(tmp_path, tokens_new=None, median_new=5.0, degenerate_new=False):
     for name, tok, med, deg in (("old", [[1, 2, 3]], 5.0, False), ("new", tokens_new or [[1, 2, 3]], median_new, degenerate_new)):
         d = tmp_path / name; d.mkdir(parents=True)
-        (d / "gpu_parity.json").write_text(json.dumps({"passed": True, "failures": [], "runs": {
+        (d / f"gpu_parity_compare_{name}.json").write_text(json.dumps({"passed": True, "failures": [], "runs": {
             cmp.PARITY_CASE: {"tokens": tok, "batched_equals_single": [True]}}}))
         (d / f"perf_h200_rank_graphs_compare_{name}.json").write_text(json.dumps({
             "phase": "graphs", "figures": {cmp.FIGURE: {"value_tok_s": 1e3 / med}}, "figure_details": {cmp.FIGURE: {"itl_median_ms": med}},
@@ -77,7 +78,7 @@ def test_report_agrees_and_names_each_disagreement(tmp_path):
     assert not v["agree"] and len(v["problems"]) == 3
     assert v["problems"][0].startswith("parity: tokens differ") and "beyond 2%" in v["problems"][1] and "sanity gate" in v["problems"][2]
     (tmp_path / "empty").mkdir()
-    assert cmp.report(tmp_path / "b" / "old", tmp_path / "empty")["problems"][0].startswith("parity: no gpu_parity.json")
+    assert cmp.report(tmp_path / "b" / "old", tmp_path / "empty")["problems"][0].startswith("parity: no gpu_parity_compare_*.json")
     r = subprocess.run([sys.executable, "-m", "benchmarks.engine.compare", "report", str(tmp_path / "a" / "old"), str(tmp_path / "a" / "new"),
                         "--out", str(tmp_path / "v.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and json.loads((tmp_path / "v.json").read_text())["agree"] is True

@@ -18,7 +18,8 @@ are that tree, the tree's own command for
   --only decode --decode-contexts 2048 --moe-backend emulation`, the plugin's defaults); `benchmarks/perf_h200.py`
   before, `python -m benchmarks.engine.perf` after.
 
-Each run writes its JSON, its logs and `compare_run.json` (the command, the tree, the exit code, the wall time)
+Each run writes its JSON (`gpu_parity_compare_<layout>.json`, `perf_h200_rank_graphs_compare_<layout>.json`, names
+that can be indexed side by side), its logs and `<what>_compare_run.json` (the command, the tree, the exit code, the wall time)
 under `--out`. `report` reads two such directories and writes the verdict: the same tokens for every prompt (alone
 and batched) and both parity runs passed; the median inter-token time of the two rank runs within `--tolerance`
 (default 2 %), both figures through their sanity gate. Exit 0 when everything agrees, 1 when not, 2 on bad input.
@@ -47,7 +48,8 @@ def run_command(tree:Path, what:str, out:Path, deadline_s:float, python:str=sys.
     kind = layout(tree)
     if what == "parity":
         head = [python, "-m", "benchmarks.engine.parity"] if kind == "package" else [python, "scripts/gpu_parity.py"]
-        return head + ["--cases", PARITY_CASE, "--moe-backend", "emulation", "--out", str(out), "--deadline-s", f"{deadline_s:.0f}"]
+        return head + ["--cases", PARITY_CASE, "--moe-backend", "emulation", "--name", f"gpu_parity_compare_{kind}",
+                       "--out", str(out), "--deadline-s", f"{deadline_s:.0f}"]
     if what == "rank":
         head = [python, "-m", "benchmarks.engine.perf"] if kind == "package" else [python, "benchmarks/perf_h200.py"]
         return head + PERF_ARGS + ["--variant", f"compare_{kind}", "--out", str(out), "--deadline-s", f"{deadline_s:.0f}"]
@@ -98,8 +100,8 @@ def report(old:Path, new:Path, tolerance:float=0.02)->dict:
     "The verdict on two run directories (`run`'s --out of each tree)."
     from benchmarks.engine.perf.results import gated
     out = {"old": str(old), "new": str(new), "tolerance": tolerance, "problems": []}
-    po, pn = _one(old, "gpu_parity.json"), _one(new, "gpu_parity.json")
-    if po is None or pn is None: out["problems"].append(f"parity: no gpu_parity.json under {old if po is None else new}")
+    po, pn = _one(old, "gpu_parity_compare_*.json"), _one(new, "gpu_parity_compare_*.json")
+    if po is None or pn is None: out["problems"].append(f"parity: no gpu_parity_compare_*.json under {old if po is None else new}")
     else:
         to = {k: v.get("tokens") for k, v in po.get("runs", {}).items() if "tokens" in v}
         tn = {k: v.get("tokens") for k, v in pn.get("runs", {}).items() if "tokens" in v}
