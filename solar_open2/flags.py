@@ -49,7 +49,21 @@ def name(s:str)->str:
 
 # %% auto #0
 __all__ = ['positive_int', 'nonneg_int', 'port', 'seed', 'positive_float', 'nonneg_float', 'FREE_TEXT', 'MAX_TEXT_FILE', 'int_in',
-           'float_in', 'name', 'check_argv', 'read_text_file']
+           'float_in', 'name', 'device', 'check_argv', 'read_text_file']
+
+# %% ../nbs/12a_flags.ipynb #f1a9000d
+def device(s:str)->str:
+    "An argparse type: a torch device this machine has (`cpu`, `cuda`, `cuda:1`, `mps`)."
+    import torch
+    try: d = torch.device(s)
+    except (RuntimeError, ValueError, TypeError): _fail(f"{s!r} is not a torch device (cpu, cuda, cuda:N, mps)")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            _fail(f"{s!r}: this machine has no usable CUDA device" + ("" if torch.version.cuda else " (this torch is built without CUDA)"))
+        if d.index is not None and d.index >= torch.cuda.device_count(): _fail(f"{s!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()): _fail(f"{s!r}: no MPS device here")
+    elif d.type not in ("cpu", "cuda", "mps"): _fail(f"{s!r}: only cpu, cuda and mps devices are supported")
+    return s
 
 # %% ../nbs/12a_flags.ipynb #f1a90005
 FREE_TEXT = ("--prompt", "--expect")   # flags whose values are the user's text: anything goes
