@@ -667,6 +667,11 @@ def _tokenizer_files(d:Path, cfg:SolarOpen2Config):
     (d/"special_tokens_map.json").write_text(json.dumps({"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
                                                          "pad_token": "<|endoftext|>", "unk_token": "<unk>"}, indent=2) + "\n")
 
+def _umask()->int:
+    "The process's umask, read without changing it where /proc says it (os.umask would set it for a moment)."
+    try: return int(next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("Umask:")).split()[1], 8)
+    except (OSError, StopIteration, ValueError, IndexError): m = os.umask(0o22); os.umask(m); return m
+
 def make_tiny(path, # directory to create (absent or empty)
               format:str="compressed-tensors", # "compressed-tensors" (Nota's), "modelopt", or "bf16" (dequantised experts)
               seed:int=0, # weight seed
@@ -689,6 +694,7 @@ def make_tiny(path, # directory to create (absent or empty)
         for i, names in enumerate(groups, 1):
             fn = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
             save_file({k: tensors[k] for k in names}, str(tmp/fn), metadata={"format": "pt"})
+            os.chmod(tmp/fn, 0o666 & ~_umask())           # safetensors writes 0600; the JSON files get the umask's 0644
             weight_map.update({k: fn for k in names})
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (tmp/INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
@@ -868,9 +874,11 @@ def cli_preflight(argv:list|None=None)->int:
     ref = None
     if a.manifest:
         from solar_open2.flags import read_text_file
-        try: ref = json.loads(read_text_file(a.manifest, "--manifest"))
+        try: ref = json.loads(read_text_file(a.manifest, "--manifest"), parse_constant=_no_constant)
         except (OSError, ValueError) as e: return err(f"--manifest {a.manifest}: not a readable manifest ({e})")
-        if not isinstance(ref, dict) or not isinstance(ref.get("files"), dict): return err(f"--manifest {a.manifest}: no 'files' table")
+        files = ref.get("files") if isinstance(ref, dict) else None
+        if not isinstance(files, dict) or not all(isinstance(v, (dict, int)) and not isinstance(v, bool) for v in files.values()):
+            return err(f"--manifest {a.manifest}: not a readable manifest (no 'files' table of sizes and hashes)")
     if a.write_manifest:
         w = Path(a.write_manifest).resolve()
         if w == d.resolve() or w.is_relative_to(d.resolve()): return err(f"--write-manifest {a.write_manifest} is inside the checkpoint; write it elsewhere")
