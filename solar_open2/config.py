@@ -363,7 +363,7 @@ def cli_info(argv:list|None=None)->int:
     import argparse, sys
     ap = argparse.ArgumentParser(prog="solar-open2 info", description=cli_info.__doc__)
     ap.add_argument("model", nargs="?", help="checkpoint directory (or config.json) to read")
-    ap.add_argument("--preset", choices=("real", "tiny"), default="real", help="preset used when no directory is given")
+    ap.add_argument("--preset", choices=("real", "tiny"), default="real", help="preset used when no directory is given (default real)")
     ap.add_argument("--json", action="store_true", help="print counts as JSON")
     a = ap.parse_args(argv)
     try: cfg = SolarOpen2Config.from_pretrained(a.model) if a.model else getattr(SolarOpen2Config, a.preset)()
