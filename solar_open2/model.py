@@ -283,7 +283,8 @@ def cli_generate(argv:list|None=None)->int:
     ap.add_argument("--seed", type=flags.seed, default=0, help="sampling seed (default 0)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype (default float32)")
     ap.add_argument("--device", type=flags.device, default="cpu", help="torch device (default cpu)")
-    a = ap.parse_args(argv)
+    try: a = ap.parse_args(argv)
+    except SystemExit as e: return int(e.code or 0)          # --help, or a bad flag (argparse printed the line)
     err = lambda msg: (print(f"solar-open2 generate: {msg}", file=sys.stderr), 2)[1]
     if a.max_new_tokens < 1: return err("--max-new-tokens must be >= 1")
     if a.temperature < 0 or not 0 < a.top_p <= 1: return err("--temperature must be >= 0 and --top-p in (0, 1]")
