@@ -64,6 +64,9 @@ BAD = {   # subcommand -> [(argv, what the one line must say)]
               (["make-trace", "{junk}/t.jsonl", "--n", "0"], "--n"), (["make-trace", "{junk}/t.jsonl", "--rate", "-1"], "--rate"),
               (["make-trace", "{junk}/t.jsonl", "--input-len", "5,1"], "MIN <= MAX"), (["single", "--url", "http://127.0.0.1:1"], "http://127.0.0.1:1/v1/models"),
               (["single", "--url", "http://[::1"], "--url"), (["smoke", "--url", "ftp://x"], "--url"), (["trace", "t", "--concurrency", "0"], "--concurrency")],
+    "dynamo": [(["--dry-run", "--tp", "0"], "--tp"), (["--dry-run", "--tp", "3"], "--tp 3"), (["--dry-run", "--gpu", "x"], "invalid choice"),
+               (["--dry-run", "--gpu-memory-utilization", "inf"], "not a finite number"), (["--dry-run", "--name", "a$b"], "--name"),
+               (["--dry-run", "--replicas", "-1"], "--replicas"), (["--tp", "2"], "--out DIR is required")],
 }
 CASES = [(name, argv, msg) for name, cases in BAD.items() for argv, msg in cases]
 
@@ -81,16 +84,16 @@ def test_bad_values_end_in_one_line(name, argv, msg, junk):
 
 def _parsers():
     "Every subcommand's argparse parser (and bench's modes), caught as `--help` builds them."
-    grab, orig = {}, argparse.ArgumentParser.parse_args
-    def fake(self, args=None, namespace=None):
+    grab, orig, orig_help = {}, argparse.ArgumentParser.parse_args, argparse.ArgumentParser.print_help
+    def fake(self, *a, **kw):
         grab[self.prog] = self; raise SystemExit(0)
-    argparse.ArgumentParser.parse_args = fake
+    argparse.ArgumentParser.parse_args = argparse.ArgumentParser.print_help = fake   # a subcommand may print its help itself
     try:
         for name in list(COMMANDS) + ["preflight --node"]:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 try: main(name.split() + ["--help"])
                 except SystemExit: pass
-    finally: argparse.ArgumentParser.parse_args = orig
+    finally: argparse.ArgumentParser.parse_args, argparse.ArgumentParser.print_help = orig, orig_help
     out = {}
     for prog, p in grab.items():
         out[prog] = p
