@@ -132,7 +132,13 @@ def pytest_sessionstart(session):
     if capman is not None:
         with capman.global_and_fixture_disabled(): fd = os.dup(1)
     else: fd = os.dup(1)
-    session.config.stash[_HEARTBEAT] = Heartbeat(fd, every, getattr(tr, "_tw", None))
+    hb = session.config.stash[_HEARTBEAT] = Heartbeat(fd, every, getattr(tr, "_tw", None))
+    hb.begin("collecting tests")  # importing the test modules (torch, vLLM) takes a while too
+
+
+def pytest_collection_finish(session):
+    hb = session.config.stash.get(_HEARTBEAT, None)
+    if hb: hb.end()
 
 
 @pytest.hookimpl(wrapper=True)

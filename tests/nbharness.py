@@ -42,7 +42,9 @@ def _first_line(src: str) -> str:
 
 def run_notebook(path, force_flags=(), skip_flags=None, on_cell=None) -> dict:
     """Execute `path` as nbdev_test does; `on_cell(index, first_line)` is called before each executed cell.
-    Returns {"ok", "seconds", "error", "cells": [{"index", "line", "seconds", "skipped"}]}."""
+    Returns {"ok", "seconds", "cpu_seconds", "error", "cells": [{"index", "line", "seconds", "skipped"}]};
+    `cpu_seconds` counts this process and the subprocesses it waited for (a loaded machine stretches `seconds`,
+    hardly this)."""
     from nbdev.process import NBProcessor
     from nbdev.processors import FrontmatterProc, nb_lang
     from execnb.shell import CaptureShell
@@ -54,7 +56,7 @@ def run_notebook(path, force_flags=(), skip_flags=None, on_cell=None) -> dict:
     skip = set(tst_flags() if skip_flags is None else skip_flags) - set(force_flags)
     nb = NBProcessor(path, procs=FrontmatterProc, process=True).nb
     fm = getattr(nb, "frontmatter_", {})
-    res = {"notebook": path.name, "ok": True, "seconds": 0.0, "error": None, "cells": []}
+    res = {"notebook": path.name, "ok": True, "seconds": 0.0, "cpu_seconds": 0.0, "error": None, "cells": []}
     if str2bool(fm.get("skip_exec", False)) or nb_lang(nb) != "python": return res
     cells, t = res["cells"], {}
 
@@ -72,7 +74,7 @@ def run_notebook(path, force_flags=(), skip_flags=None, on_cell=None) -> dict:
 
     def post(cell): cells[-1]["seconds"] = round(time.perf_counter() - t["start"], 3)
 
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), _cpu()
     shell = CaptureShell(path)
     try:
         with working_directory(path.parent): shell.run_all(nb, exc_stop=True, preproc=pre, postproc=post)
@@ -83,8 +85,15 @@ def run_notebook(path, force_flags=(), skip_flags=None, on_cell=None) -> dict:
         try: res["error"] = shell.prettytb(fname=path)
         except Exception: res["error"] = f"{type(e).__name__}: {e}"
         if isinstance(e, KeyboardInterrupt): raise
-    res["seconds"] = round(time.perf_counter() - start, 3)
+    res["seconds"], res["cpu_seconds"] = round(time.perf_counter() - start, 3), round(_cpu() - cpu0, 3)
     return res
+
+
+def _cpu() -> float:
+    "CPU seconds of this process and of its waited-for children, user and system."
+    import resource
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
 def worker(fd: int):
@@ -103,10 +112,10 @@ def worker(fd: int):
 
 def report(results: list[dict], top: int = 15) -> str:
     "The cost table: notebooks by time, then the slowest executed cells over all of them."
-    lines = [f"{'notebook':34} {'seconds':>8}  result"]
+    lines = [f"{'notebook':34} {'seconds':>8} {'cpu s':>8}  result"]
     for r in sorted(results, key=lambda r: -r["seconds"]):
-        lines.append(f"{r['notebook']:34} {r['seconds']:8.1f}  {'ok' if r['ok'] else 'FAILED'}")
-    lines.append(f"{'total':34} {sum(r['seconds'] for r in results):8.1f}")
+        lines.append(f"{r['notebook']:34} {r['seconds']:8.1f} {r.get('cpu_seconds', 0):8.1f}  {'ok' if r['ok'] else 'FAILED'}")
+    lines.append(f"{'total':34} {sum(r['seconds'] for r in results):8.1f} {sum(r.get('cpu_seconds', 0) for r in results):8.1f}")
     cells = [(c["seconds"], r["notebook"], c["index"], c["line"]) for r in results for c in r["cells"] if c["seconds"]]
     lines += ["", f"slowest cells (of {len(cells)} executed):"]
     for s, nb, i, l in sorted(cells, reverse=True)[:top]: lines.append(f"{s:8.1f}  {nb} cell {i}: {l}")
