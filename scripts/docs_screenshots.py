@@ -88,6 +88,10 @@ def check_site(site: Path, chromium: str, out: Path | None = None) -> dict:
     res = {}
     def shot(page, name, **kw):
         if out is None: return
+        # the address in a corner, as a browser's address bar would show it (file:// or http://)
+        page.evaluate("""() => { const d = document.createElement('div'); d.textContent = location.href;
+            d.style.cssText = 'position:fixed;right:8px;bottom:8px;z-index:9;padding:2px 8px;font:12px monospace;' +
+                              'background:#fffbe6;border:1px solid #e0d090;color:#333'; document.body.appendChild(d); }""")
         data = shrink(page.screenshot(**kw))
         assert len(data) <= MAX_PNG, f"{name}: {len(data)} bytes"
         out.mkdir(parents=True, exist_ok=True); (out/name).write_bytes(data)
