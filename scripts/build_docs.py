@@ -332,8 +332,9 @@ def widget_panel(model_id: str, state: dict) -> str:
     return (f'<div class="nb-output nb-widget"><div class="nb-widget-note">{html.escape(WIDGET_NOTE)}</div>\n'
             f'{widget_html(model_id, state)}\n</div>')
 
-# nbdev's show_doc "source" link (`<a href="{git_url}/blob/..." ...>source</a>`, floated right)
-_SOURCE_LINK_RE = re.compile(r'<a href="[^"]*"[^>]*>source</a>\s*')
+# nbdev's show_doc "source" link to `{git_url}/blob/...`, floated right: `[source](url){target=... style=...}`
+# (nbdev 2) or `<a href="url" ...>source</a>`
+_SOURCE_LINK_RE = re.compile(r'\[source\]\([^)\s]*\)(\{[^}\n]*\})?\s*|<a href="[^"]*"[^>]*>source</a>\s*')
 
 class Page:
     "One processed notebook rendered to a markdown page (`render`), plus the files its outputs need (`assets`)."

@@ -8,8 +8,9 @@ line, and every message the package raises, exits with or warns with (string con
 
 What fails:
 - a run code (`RUN_CODES`): the labels benchmark runs got while they were made (`gk3`, `gh1`, `r6c`, ...);
-- a process word (`PROCESS_WORDS`, outside code spans): "session", "the issue asks", "issue 12", "acceptance
-  line", "closing note", "the lead", "steering", "lent" (of machines);
+- a process word (`PROCESS_WORDS`, outside code spans): "session" (of the work; an ssh or HTTP session is fine),
+  "the issue asks", "acceptance line", "closing note", "the lead", "steering", "lent" (of machines). Citing an
+  upstream tracker ("vLLM issue 41725") is a reference, not jargon;
 - a path outside the repository (`OUTSIDE_PATHS`): `/work/...`, `../shared`, `shared/research`, `/root/...`.
 
 The one exception, stated as a rule: a docs page whose title says it is a history (the performance history
@@ -32,7 +33,7 @@ RUN_CODES = [r"\bg[ghk]\d+[a-z]?\b", r"\bgk_\w+", r"\br\d{1,2}[a-d]?\b"]
 # "session" of how the work went ("the thirteenth session"), not a login's, a terminal's or an HTTP client's
 PROCESS_WORDS = [r"(?<!ssh )(?<!login )(?<!last )(?<!user )(?<!user's )(?<!terminal )(?<!tmux )(?<!http )(?<!HTTP )"
                  r"(?<!pytest )(?<!browser )(?<![.\w])sessions?\b(?!-scoped| fixture)",
-                 r"\bthe issue (asks|says|wants|requires|needs)\b", r"\bissues? #?\d+\b",
+                 r"\bthe issue (asks|says|wants|requires|needs)\b", r"\bthe issue's\b",
                  r"\bacceptance (lines?|criteri\w*)\b", r"\bclosing notes?\b", r"\bthe lead\b", r"\bsteering\b",
                  r"\b(not )?lent\b"]
 OUTSIDE_PATHS = [r"(?<![\w.])/work/", r"\.\./shared\b", r"(?<![\w/.-])shared/(research|device|design)", r"(?<![\w.])/root/",
@@ -70,10 +71,10 @@ def test_the_rules_catch_what_they_name():
            "not lent; notes in ../shared/research/x.md and /work/shared/design.md")
     kinds = {h.split(" '")[0] for h in offences(bad)}
     assert kinds == {"run code", "process word", "outside path"}, offences(bad)
-    assert len(offences(bad)) >= 9
+    assert len(offences(bad)) >= 8
     good = ("A requests.Session keeps connections; GB10 and H200 GPUs; fp32, bf16, w13 and e4m3; the rank r "
             "in $r_2$; results in benchmarks/results/current; `ClientSession`; a non-login ssh session; when "
-            "their last session closes; the acceptance test of the client")
+            "their last session closes; the acceptance test of the client; as vLLM issue 41725 reports")
     assert offences(good) == [], offences(good)
     assert offences("run r6c in session 4", history=True) == []
     assert offences("see /work/shared/x", history=True)
