@@ -590,7 +590,7 @@ def rank_config(cfg:SolarOpen2Config, tp:int)->SolarOpen2Config:
     return SolarOpen2Config.from_dict(d, source=f"rank_config(tp={tp})")
 
 # %% ../nbs/07_budget.ipynb #8a5751c0
-def save_plots(out_dir, tp:int=2, max_model_len:int=1_048_576, kv_cache_dtype:str="auto", cfg=None, dpi:int=60)->list:
+def save_plots(out_dir, tp:int=2, max_model_len:int=1_048_576, kv_cache_dtype:str="auto", cfg=None, dpi:int=160)->list:
     "Write tokens_vs_pool.png, headroom_vs_pool.png and decode_vs_context.png into `out_dir`; return their paths."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
