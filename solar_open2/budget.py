@@ -425,6 +425,18 @@ class BudgetPlan:
 SHORT_CONTEXT = 1024
 VLLM_MAX_NUM_SEQS = 1024   # vLLM's default --max-num-seqs on a GPU reporting >= 70 GiB (a Spark, an H200)
 
+def _node_overflow(p:BudgetPlan)->str|None:
+    "The refusal when a node of the plan would need more memory than it has (negative available), else None."
+    over = [h for h in (p.head, p.worker) if h is not None and h["available_bytes"] < 0]
+    if not over: return None
+    h, n = max(over, key=lambda h: h["used_bytes"]), p.node
+    room = min(n.total_bytes - p.weights_per_rank_bytes - p.cudagraph_bytes - x["overhead_bytes"] for x in (p.head, p.worker))
+    fit = (f"at most {room // 10**9 * 10**9:,} bytes fit, {max(0, room - n.guard_bytes) // 10**9 * 10**9:,} keep it above "
+           f"the oom-guard line" if room >= 10**9 else "the weights alone leave no room for a pool: use more nodes (--tp) or --gpu")
+    return (f"the {h['role']} would need {gib(h['used_bytes']):,.1f} GiB (weights {gib(p.weights_per_rank_bytes):.1f} "
+            f"+ --kv-cache-memory-bytes {gib(p.kv_cache_memory_bytes):,.1f} + CUDA graphs {gib(p.cudagraph_bytes):.2f} "
+            f"+ runtime {gib(h['overhead_bytes']):.1f} GiB), more than the {gib(n.total_bytes):.1f} GiB a {n.name} has; {fit}")
+
 def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_cache_dtype:str="auto",
          block_size:int=16, prefix_caching:bool=False, max_num_seqs:int|None=None, build:str="nvfp4",
          router_dtype:str="float32", cfg:SolarOpen2Config|None=None, node:NodeMemory|None=None,
@@ -470,6 +482,7 @@ def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_
                       resident, head, worker, node, ds, df,
                       {k: bw / ds for k, bw in BANDWIDTH.items()}, {k: bw / df for k, bw in BANDWIDTH.items()}, warn,
                       num_speculative_tokens, cudagraph_bytes, given)
+    if (why := _node_overflow(p)): raise ValueError(why)
     return p
 
 # %% ../nbs/07_budget.ipynb #136fa1f5
@@ -699,6 +712,12 @@ def cli_budget(argv:list|None=None)->int:
                          None if a.gpu_memory_utilization else a.kv_cache_memory_bytes, a.gpu_memory_utilization or 0.9,
                          a.max_num_seqs, block_size=a.block_size, build=a.build, router_dtype=a.router_dtype, cfg=cfg)
             p = g.plan
+            if g.pool_exact and p.weights_per_rank_bytes + p.kv_cache_memory_bytes > g.gpu.memory_bytes:
+                room = g.gpu.memory_bytes - p.weights_per_rank_bytes - g.non_kv_bytes - g.cudagraph_bytes
+                raise _UsageError(f"--kv-cache-memory-bytes {p.kv_cache_memory_bytes:,}: weights {gib(p.weights_per_rank_bytes):.1f} + pool "
+                                  f"{gib(p.kv_cache_memory_bytes):,.1f} GiB exceed the {g.gpu.name}'s {gib(g.gpu.memory_bytes):.1f} GiB; "
+                                  + (f"at most {room // 10**9 * 10**9:,} bytes fit next to the weights, the allowance and the graphs"
+                                     if room >= 10**9 else "the weights alone leave no room: raise --tp"))
         else:
             p = plan(a.tp, a.kv_cache_memory_bytes, a.max_model_len, a.kv_cache_dtype, a.block_size,
                      a.enable_prefix_caching, a.max_num_seqs, a.build, a.router_dtype, cfg,
