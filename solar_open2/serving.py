@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'GiB', 'VLLM_VERSION', 'PLUGIN_GROUP',
-           'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS', 'ServeOptions', 'to_argv',
-           'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts',
+__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'MAX_JOBS_LIMIT', 'GiB', 'VLLM_VERSION',
+           'PLUGIN_GROUP', 'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS', 'ServeOptions',
+           'to_argv', 'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts',
            'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv',
            'login_path', 'check_tools', 'check_linger', 'logind_setting', 'check_remove_ipc', 'raylet_envs',
            'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe', 'check_nccl', 'mem_available',
@@ -25,6 +25,7 @@ PRESETS = {"published": PUBLISHED, "margin": MARGIN}
 SCRIPT_NAMES = ("start-ray-cluster.sh", "preflight.sh", "serve.sh", "oom-guard.sh", "stop.sh")
 GRAPH_MODES = ("auto", "on", "off")   # CUDA graphs: decided by each node's NCCL, forced on (--graphs), off (--eager)
 NCCL_MIN = (2, 30, 4)                  # fixes cross-node CUDA-graph replay on GB10 (vLLM issue 52504)
+MAX_JOBS_LIMIT = 1024                  # MAX_JOBS above this is a typo, not a plan (a Spark has 20 cores)
 GiB = 1024**3
 
 @dataclass
@@ -98,6 +99,7 @@ def _validate(self:ServeOptions)->ServeOptions:
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0: raise ValueError(f"{name} must be a positive integer, got {v!r}")
     for name, v in (("--port", self.port), ("--ray-port", self.ray_port)):
         if v > 65535: raise ValueError(f"{name} {v} is not a TCP port (1..65535)")
+    if self.max_jobs > MAX_JOBS_LIMIT: raise ValueError(f"--max-jobs {self.max_jobs} is out of range: 1..{MAX_JOBS_LIMIT}")
     if self.max_num_seqs is not None and (not isinstance(self.max_num_seqs, int) or isinstance(self.max_num_seqs, bool)
                                           or self.max_num_seqs < 1):
         raise ValueError(f"--max-num-seqs must be a positive integer, got {self.max_num_seqs!r}")
@@ -958,6 +960,21 @@ def _int_arg(s:str)->int:
     try: return _size(s)
     except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
 
+def _ipv4(s:str)->str:
+    import argparse
+    try: ipaddress.IPv4Address(s); return s
+    except ValueError: raise argparse.ArgumentTypeError(f"{s!r} is not an IPv4 address") from None
+
+def _ifname(s:str)->str:
+    import argparse
+    if not _IFNAME.fullmatch(s) or s.startswith("-"): raise argparse.ArgumentTypeError(f"{s!r} is not a network interface name")
+    return s
+
+def _version(s:str)->str:
+    import argparse
+    if not re.fullmatch(r"\d+(\.\d+){0,2}", s): raise argparse.ArgumentTypeError(f"{s!r} is not a version like 2.30.4")
+    return s
+
 class _ArgError(Exception): pass
 
 def _parser(prog:str, **kw):
@@ -1000,7 +1017,7 @@ def _scripts_parser():
     ap.add_argument("--host", default="0.0.0.0", help="address the API server listens on (default 0.0.0.0)")
     ap.add_argument("--port", type=int, default=8000, help="API server port (default 8000)")
     ap.add_argument("--ray-port", type=int, default=6379, help="the Ray head's port (default 6379)")
-    ap.add_argument("--max-jobs", type=int, default=4, help="MAX_JOBS of the raylets (FlashInfer JIT parallelism; default 4)")
+    ap.add_argument("--max-jobs", type=int, default=4, help=f"MAX_JOBS of the raylets (FlashInfer JIT parallelism), 1..{MAX_JOBS_LIMIT} (default 4)")
     ap.add_argument("--oom-threshold", type=_int_arg, default=8 * GiB, help="oom-guard line, vLLM notation (default 8G = 8 GiB)")
     ap.add_argument("--oom-interval", type=float, default=2.0, help="oom-guard poll period, seconds (default 2)")
     ap.add_argument("--no-parsers", action="store_true", help="leave out the solar_open2 reasoning and tool-call parsers")
@@ -1053,25 +1070,27 @@ def cli_scripts(argv:list|None=None)->int:
 def node_preflight_main(argv:list|None=None)->int:
     "`solar-open2 preflight --node ...`: check this node before a boot; exit 1 with one line per problem."
     import argparse
+    from solar_open2 import flags
     ap = _parser("solar-open2 preflight --node", description=node_preflight_main.__doc__)
     ap.add_argument("--node", action="store_true", help="(the switch that selects this check)")
     ap.add_argument("--model", help="checkpoint directory on this node")
     ap.add_argument("--venv", default=sys.prefix, help="virtualenv vLLM runs in (default: this one)")
-    ap.add_argument("--node-ip", help="this node's RoCE address (the raylet's VLLM_HOST_IP)")
-    ap.add_argument("--ifname", help="the RoCE interface")
+    ap.add_argument("--node-ip", type=_ipv4, help="this node's RoCE address (the raylet's VLLM_HOST_IP)")
+    ap.add_argument("--ifname", type=_ifname, help="the RoCE interface")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size of the boot (default 2)")
     ap.add_argument("--kv-cache-memory-bytes", type=_int_arg, default=PUBLISHED["kv_cache_memory_bytes"], help="KV pool per rank, vLLM notation (default 28000000000)")
     ap.add_argument("--max-model-len", type=_int_arg, default=PUBLISHED["max_model_len"], help="context length (default 1048576)")
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto (BF16) or fp8 (default auto)")
     ap.add_argument("--oom-threshold", type=_int_arg, default=8 * GiB, help="oom-guard line, vLLM notation (default 8G = 8 GiB)")
     ap.add_argument("--cudagraph-bytes", type=_int_arg, default=0, help="CUDA-graph memory to count in the need (estimate)")
-    ap.add_argument("--max-jobs", type=int, default=4, help="MAX_JOBS planned for the raylet (default 4)")
+    ap.add_argument("--max-jobs", type=flags.int_in(1, MAX_JOBS_LIMIT, "a number of compile jobs"), default=4,
+                    help=f"MAX_JOBS planned for the raylet, 1..{MAX_JOBS_LIMIT} (default 4)")
     ap.add_argument("--manifest", help="the head's checkpoint manifest to compare with (- = stdin)")
     ap.add_argument("--write-manifest", help="write this node's checkpoint manifest here")
     ap.add_argument("--no-ray", action="store_true", help="skip the raylet checks (before start-ray-cluster.sh)")
     ap.add_argument("--nccl", action="store_true", help="only say whether this node's NCCL allows CUDA graphs across nodes "
                     "(exit 0) or not (exit 1), in one line")
-    ap.add_argument("--min-nccl", default=_ver(NCCL_MIN), help="the NCCL version --nccl requires (default %(default)s)")
+    ap.add_argument("--min-nccl", type=_version, default=_ver(NCCL_MIN), help="the NCCL version --nccl requires (default %(default)s)")
     ap.add_argument("--root", default="/", help=argparse.SUPPRESS)      # tests: fake /sys, /proc, /etc, /var trees
     ap.add_argument("--path", help=argparse.SUPPRESS)                   # tests: the login PATH
     ap.add_argument("--user", help=argparse.SUPPRESS)                   # tests: whose linger
@@ -1081,8 +1100,7 @@ def node_preflight_main(argv:list|None=None)->int:
     except _ArgError as e: return err(e)
     host = os.uname().nodename
     if a.nccl:
-        try: want = tuple(int(x) for x in a.min_nccl.split("."))
-        except ValueError: return err(f"--min-nccl {a.min_nccl!r} is not a version like 2.30.4")
+        want = tuple(int(x) for x in a.min_nccl.split("."))
         ok, line = check_nccl(a.venv, want, a.root)
         print(f"{host}: {line}")
         return 0 if ok else 1
@@ -1093,6 +1111,9 @@ def node_preflight_main(argv:list|None=None)->int:
                  kv_cache_dtype=a.kv_cache_dtype)
         if a.cudagraph_bytes < 0: raise ValueError(f"--cudagraph-bytes must be >= 0, got {a.cudagraph_bytes}")
         if a.oom_threshold <= 0: raise ValueError(f"--oom-threshold must be positive, got {a.oom_threshold}")
+        for name, v in (("--oom-threshold", a.oom_threshold), ("--cudagraph-bytes", a.cudagraph_bytes)):
+            if v >= p.node.total_bytes:
+                raise ValueError(f"{name} {v:,} is not below the {p.node.total_bytes / GiB:.1f} GiB a {p.node.name} has")
     except ValueError as e: return err(e)
     g = a.cudagraph_bytes
     need = p.weights_per_rank_bytes + a.kv_cache_memory_bytes + g + a.oom_threshold
