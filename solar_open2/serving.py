@@ -15,8 +15,9 @@ __all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCC
            'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv',
            'login_path', 'check_tools', 'check_linger', 'logind_setting', 'check_remove_ipc', 'raylet_envs',
            'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe', 'check_nccl', 'mem_available',
-           'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests', 'node_preflight', 'budget_plan',
-           'resolve_options', 'memory_need', 'options_from_args', 'cli_scripts', 'node_preflight_main']
+           'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests', 'check_manifest',
+           'node_preflight', 'budget_plan', 'resolve_options', 'memory_need', 'options_from_args', 'cli_scripts',
+           'node_preflight_main']
 
 # %% ../nbs/10_serving.ipynb #a9813e98
 PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576)   # the published 1M deployment
@@ -844,23 +845,28 @@ def fake_meminfo(root, avail_bytes:int, total_bytes:int=128_000_000_000)->Path:
 
 # %% ../nbs/10_serving.ipynb #844b5592
 def checkpoint_manifest(path)->dict:
-    "{'files': {relative path: size}} of a checkpoint tree (entries starting with '.' skipped)."
+    "The checkpoint chapter's `content_manifest`: size and SHA-256 of every file (dot-entries skipped), hashes cached outside the tree."
+    from solar_open2.checkpoint import content_manifest
     root = Path(path)
     if not root.is_dir(): raise FileNotFoundError(f"checkpoint directory {root} does not exist")
-    files = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts) or not p.is_file(): continue
-        files[rel.as_posix()] = p.stat().st_size
-    return {"files": files, "count": len(files), "total_bytes": sum(files.values())}
+    return content_manifest(root)
 
-def compare_manifests(reference:dict, here:dict, ref_name:str="the head")->list:
-    "One line per file missing, extra, or of another size on this node compared with `reference`."
-    a, b = reference["files"], here["files"]
-    out = [f"checkpoint: {f} is on {ref_name} but missing here" for f in sorted(set(a) - set(b))]
-    out += [f"checkpoint: {f} is here but not on {ref_name}" for f in sorted(set(b) - set(a))]
-    out += [f"checkpoint: {f} is {b[f]:,} bytes here, {a[f]:,} on {ref_name}" for f in sorted(set(a) & set(b)) if a[f] != b[f]]
-    return out
+def compare_manifests(reference:dict, here:dict, ref_name:str="the head's manifest")->list:
+    "One line per file missing, extra, of another size or of other bytes (SHA-256) on this node: `manifest_problems`."
+    from solar_open2.checkpoint import manifest_problems
+    return manifest_problems(reference, here, ref_name)
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+def check_manifest(m)->dict:
+    "`m` if it is a checkpoint manifest (`{'files': {path: size or {'size', 'sha256'}}}`), else ValueError naming the first bad entry."
+    files = m.get("files") if isinstance(m, dict) else None
+    if not isinstance(files, dict): raise ValueError("no 'files' table")
+    for f, v in files.items():
+        size, sha = (v.get("size"), v.get("sha256")) if isinstance(v, dict) else (v, None)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0: raise ValueError(f"{f!r}: no size in bytes")
+        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)): raise ValueError(f"{f!r}: not a SHA-256")
+    return m
 
 # %% ../nbs/10_serving.ipynb #8378a4d3
 def node_preflight(model:str|None=None, # checkpoint directory on this node
@@ -1122,11 +1128,13 @@ def node_preflight_main(argv:list|None=None)->int:
               f"oom-guard {a.oom_threshold / GiB:.1f} GiB; the runtime overhead comes on top")
     manifest = None
     if a.manifest:
-        try:
-            manifest = json.loads(sys.stdin.read() if a.manifest == "-" else Path(a.manifest).read_text())
-            if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict): raise ValueError("no 'files' table")
-        except (OSError, ValueError) as e: return err(f"--manifest {a.manifest}: not a readable checkpoint manifest ({e})")
+        try: text = sys.stdin.read() if a.manifest == "-" else flags.read_text_file(a.manifest, "--manifest")
+        except (OSError, ValueError) as e: return err(e)                  # names the flag and the file
+        try: manifest = check_manifest(json.loads(text))
+        except ValueError as e: return err(f"--manifest {a.manifest}: not a readable checkpoint manifest ({_one_line(e)})")
     if a.write_manifest and a.model and Path(a.model).is_dir():
+        w, m = Path(a.write_manifest).resolve(), Path(a.model).resolve()
+        if w == m or w.is_relative_to(m): return err(f"--write-manifest {a.write_manifest}: inside the checkpoint {a.model}; write it elsewhere")
         try: Path(a.write_manifest).write_text(json.dumps(checkpoint_manifest(a.model)) + "\n")
         except OSError as e: return err(f"--write-manifest {a.write_manifest}: cannot write it ({e.strerror or e})")
     problems = node_preflight(a.model, a.venv, a.node_ip, a.ifname, need, detail, manifest, a.max_jobs, not a.no_ray,
