@@ -9,20 +9,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'MAX_JOBS_LIMIT', 'GiB', 'VLLM_VERSION',
-           'PLUGIN_GROUP', 'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS', 'ServeOptions',
-           'to_argv', 'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts',
-           'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv',
-           'login_path', 'check_tools', 'check_linger', 'logind_setting', 'check_remove_ipc', 'raylet_envs',
-           'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe', 'check_nccl', 'mem_available',
-           'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests', 'check_manifest',
-           'node_preflight', 'budget_plan', 'resolve_options', 'memory_need', 'options_from_args', 'cli_scripts',
-           'node_preflight_main']
+__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'GRAPHS_POOL', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'MAX_JOBS_LIMIT', 'GiB',
+           'VLLM_VERSION', 'PLUGIN_GROUP', 'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS',
+           'ServeOptions', 'preset_pool', 'to_argv', 'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh',
+           'stop_sh', 'generate_scripts', 'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid',
+           'fake_sysfs', 'check_venv', 'login_path', 'check_tools', 'check_linger', 'logind_setting',
+           'check_remove_ipc', 'raylet_envs', 'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe',
+           'check_nccl', 'mem_available', 'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests',
+           'check_manifest', 'node_preflight', 'budget_plan', 'resolve_options', 'memory_need', 'options_from_args',
+           'cli_scripts', 'node_preflight_main']
 
 # %% ../nbs/10_serving.ipynb #a9813e98
-PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576)   # the published 1M deployment
+PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576)   # the published 1M deployment (eager)
 MARGIN = dict(kv_cache_memory_bytes=8_000_000_000, max_model_len=262_144)        # 256K with memory to spare
 PRESETS = {"published": PUBLISHED, "margin": MARGIN}
+GRAPHS_POOL = 27_000_000_000   # the published preset's pool when CUDA graphs may be on: 1e9 for their ~0.17 GiB
 SCRIPT_NAMES = ("start-ray-cluster.sh", "preflight.sh", "serve.sh", "oom-guard.sh", "stop.sh")
 GRAPH_MODES = ("auto", "on", "off")   # CUDA graphs: decided by each node's NCCL, forced on (--graphs), off (--eager)
 NCCL_MIN = (2, 30, 4)                  # fixes cross-node CUDA-graph replay on GB10 (vLLM issue 52504)
@@ -40,7 +41,7 @@ class ServeOptions:
     worker_ssh: list|None = None          # ssh destinations of the workers (default: their IPs)
     hca: str|None = None                  # NCCL_IB_HCA (e.g. both RoCE twins); default: the HCA behind `ifname`
     served_model_name: str = "solar-open2"
-    kv_cache_memory_bytes: int = PUBLISHED["kv_cache_memory_bytes"]
+    kv_cache_memory_bytes: int|None = None   # default: the published preset's pool for `graphs` (preset_pool)
     max_model_len: int = PUBLISHED["max_model_len"]
     tp: int = 2
     max_num_seqs: int|None = None         # default: from the budget
@@ -63,7 +64,13 @@ class ServeOptions:
         self.worker_ips = list(self.worker_ips)
         self.worker_ssh = list(self.worker_ssh) if self.worker_ssh else list(self.worker_ips)
         if self.capture_sizes is not None: self.capture_sizes = list(self.capture_sizes)
+        if self.kv_cache_memory_bytes is None: self.kv_cache_memory_bytes = preset_pool("published", self.graphs)
         self.validate()
+
+def preset_pool(preset:str, graphs:str="auto")->int:
+    "A preset's KV pool: the published 28e9 when serving eager, `GRAPHS_POOL` when CUDA graphs may be on (auto or forced)."
+    if preset not in PRESETS: raise ValueError(f"--preset {preset!r}: choose from {', '.join(PRESETS)}")
+    return GRAPHS_POOL if preset == "published" and graphs != "off" else PRESETS[preset]["kv_cache_memory_bytes"]
 
 # %% ../nbs/10_serving.ipynb #817a4264
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
@@ -915,8 +922,8 @@ def budget_plan(o:ServeOptions):
                 kv_cache_dtype=o.kv_cache_dtype, prefix_caching=o.prefix_caching, max_num_seqs=o.max_num_seqs or 1,
                 cudagraph_bytes=_graph_bytes(o))
 
-def resolve_options(o:ServeOptions)->tuple:
-    "(options with every default filled from the budget, the plan, warnings); ValueError if vLLM or the nodes would refuse."
+def resolve_options(o:ServeOptions, force:bool=False)->tuple:
+    "(options with every default filled from the budget, the plan, warnings); ValueError if vLLM, the nodes or (unless `force`) the oom-guard would refuse."
     from solar_open2.budget import capture_sizes_for
     p = budget_plan(o)                      # the pool does not depend on max_num_seqs; only the graphs' estimate might
     if not p.fits:
@@ -932,20 +939,33 @@ def resolve_options(o:ServeOptions)->tuple:
     if o.oom_threshold >= p.node.total_bytes:
         raise ValueError(f"--oom-threshold {o.oom_threshold / GiB:.1f} GiB is not below the node's {p.node.total_bytes / GiB:.1f} GiB: "
                          "the guard would stop the server at once")
-    for h in (p.head, p.worker):
-        if h["available_bytes"] < 0:
-            raise ValueError(f"the {h['role']} would need {h['used_bytes'] / GiB:,.1f} GiB (weights {p.weights_per_rank_bytes / GiB:.1f} "
-                             f"+ --kv-cache-memory-bytes {o.kv_cache_memory_bytes / GiB:,.1f} + CUDA graphs {p.cudagraph_bytes / GiB:,.2f} "
-                             f"+ runtime {h['overhead_bytes'] / GiB:.1f} GiB), more than the {p.node.total_bytes / GiB:.1f} GiB a DGX Spark has")
+    # (a node that would need more than a Spark has was refused by the plan itself, naming what takes the memory)
     warn = []
     if o.max_num_seqs > p.max_resident_seqs:
         warn.append(f"--max-num-seqs {o.max_num_seqs} exceeds the {p.max_resident_seqs} requests the KV pool can hold at once")
-    for h in (p.head, p.worker):
-        if h["available_bytes"] < o.oom_threshold:
-            graphs = f" (CUDA graphs included: {p.cudagraph_bytes / GiB:.2f} GiB, estimate)" if p.cudagraph_bytes else ""
-            warn.append(f"the {h['role']} is predicted to have {h['available_bytes'] / GiB:.1f} GiB available after the boot{graphs}, under "
-                        f"the {o.oom_threshold / GiB:.1f} GiB oom-guard threshold: the guard will stop the server")
+    trips = [h for h in (p.head, p.worker) if h["available_bytes"] < o.oom_threshold]
+    if trips:
+        h = min(trips, key=lambda h: h["available_bytes"])
+        graphs = f" (CUDA graphs included: {p.cudagraph_bytes / GiB:.2f} GiB, estimate)" if p.cudagraph_bytes else ""
+        line = (f"--kv-cache-memory-bytes {o.kv_cache_memory_bytes:,}: the {h['role']} is predicted to have {h['available_bytes'] / GiB:.1f} "
+                f"GiB available after the boot{graphs}, under the {o.oom_threshold / GiB:.1f} GiB oom-guard line, so the guard would "
+                f"stop the server; {_fitting_pool(o, p)}")
+        if not force: raise ValueError(line + "; --force writes the scripts anyway")
+        warn.append(line)
     return o, p, warn
+
+def _fitting_pool(o:ServeOptions, p)->str:
+    "What would keep every node above the guard line: the largest whole-GB pool, or eager at this pool."
+    from solar_open2.budget import kv_capacity, max_fitting_len
+    room = min(p.node.total_bytes - p.weights_per_rank_bytes - p.cudagraph_bytes - h["overhead_bytes"] for h in (p.head, p.worker))
+    fit = (room - o.oom_threshold) // 10**9 * 10**9
+    eager = (", or --eager keeps this pool above it" if p.cudagraph_bytes and
+             all(h["available_bytes"] + p.cudagraph_bytes >= o.oom_threshold for h in (p.head, p.worker)) else "")
+    if fit <= 0: return "no pool keeps the nodes above that line" + (eager if eager else ": lower --oom-threshold")
+    if not kv_capacity(p.layout, fit, o.max_model_len)["fits"]:
+        return (f"--kv-cache-memory-bytes {fit:,} would, but holds requests of at most "
+                f"{max_fitting_len(p.layout, fit, o.max_model_len):,} tokens: lower --max-model-len" + eager)
+    return f"--kv-cache-memory-bytes {fit:,} ({fit // 10**9}g) fits" + eager
 
 def memory_need(o:ServeOptions, p=None)->tuple:
     "(bytes MemAvailable must cover before the boot, how they add up): weights per rank + KV pool + CUDA graphs + oom-guard threshold."
@@ -994,9 +1014,12 @@ def _scripts_parser():
     ap = _parser("solar-open2 scripts", description="Write the two-Spark serving scripts "
                  "(start-ray-cluster.sh, preflight.sh, serve.sh, oom-guard.sh, stop.sh).")
     ap.add_argument("--out", required=True, help="directory to write the scripts into")
-    ap.add_argument("--force", action="store_true", help="replace files in --out that these scripts did not write")
+    ap.add_argument("--force", action="store_true", help="write the scripts even for a pool the oom-guard is predicted to stop, "
+                    "and replace files in --out that these scripts did not write")
     ap.add_argument("--preset", choices=tuple(PRESETS), default="published",
-                    help="published (default): a 28000000000-byte (28g) KV pool at 1M context; margin: 8000000000 (8g) at 256K")
+                    help=f"published (default): 1M context with a {GRAPHS_POOL}-byte ({GRAPHS_POOL // 10**9}g) KV pool, or "
+                    f"{PUBLISHED['kv_cache_memory_bytes']} ({PUBLISHED['kv_cache_memory_bytes'] // 10**9}g, as published) with --eager; "
+                    "margin: 8000000000 (8g) at 256K")
     ap.add_argument("--head-ip", required=True, help="head node's address on the RoCE link")
     ap.add_argument("--worker-ip", action="append", required=True, help="worker's address on the RoCE link (repeat per worker)")
     ap.add_argument("--worker-ssh", action="append", help="ssh destination of each worker (default: its IP)")
@@ -1035,7 +1058,7 @@ def options_from_args(a)->ServeOptions:
     given = lambda v, default: default if v is None else v      # 0 is given, and refused, not replaced
     return ServeOptions(head_ip=a.head_ip, worker_ips=a.worker_ip, worker_ssh=a.worker_ssh, ifname=a.ifname, model=a.model,
                         venv=a.venv, hca=a.hca, served_model_name=a.served_model_name,
-                        kv_cache_memory_bytes=given(a.kv_cache_memory_bytes, pre["kv_cache_memory_bytes"]),
+                        kv_cache_memory_bytes=given(a.kv_cache_memory_bytes, preset_pool(a.preset, a.graphs or "auto")),
                         max_model_len=given(a.max_model_len, pre["max_model_len"]), tp=given(a.tp, 1 + len(a.worker_ip)),
                         max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, host=a.host,
                         port=a.port, ray_port=a.ray_port, max_jobs=a.max_jobs, oom_threshold=a.oom_threshold,
@@ -1051,7 +1074,7 @@ def cli_scripts(argv:list|None=None)->int:
     try:
         a = ap.parse_args(argv)
         if not a.out.strip(): raise ValueError("--out: an empty directory name")
-        o, p, warn = resolve_options(options_from_args(a))
+        o, p, warn = resolve_options(options_from_args(a), force=a.force)
         paths = write_scripts(generate_scripts(o), a.out, a.force)
     except SystemExit as e: return int(e.code or 0)                    # --help
     except (_ArgError, ValueError, OSError) as e: print(f"solar-open2 scripts: error: {_one_line(e)}", file=sys.stderr); return 2
