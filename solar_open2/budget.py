@@ -509,7 +509,7 @@ def format_plan(p:BudgetPlan)->str:
     row(f"blocks per request ({p.attn_blocks_per_request:,} attention + {p.kda_blocks_per_request} KDA)", f"{p.blocks_per_request:,}")
     if p.prefix_caching: row("prefix-cache hits in whole blocks of", f"{L.block_size:,} tokens")
     seqs = f"--max-num-seqs {p.max_num_seqs}" + ("" if p.max_num_seqs_given else ", vLLM's default")
-    row(f"requests resident at once ({seqs})", f"{min(p.max_num_seqs, p.max_resident_seqs):,}")
+    row(f"requests resident ({seqs})", f"{min(p.max_num_seqs, p.max_resident_seqs):,}")
     out.append("vLLM will log")
     out += [f"  {s}" for s in p.log_lines]
     if p.head is not None:
