@@ -61,7 +61,7 @@ def run(tokens=(1, 2, 4, 8), pairs=("gqa", "kda"), tiles0=TILES0, tiles1=TILES1,
     import torch
     import torch.nn.functional as F
     from solar_open2.nvfp4 import relative_rms
-    from solar_open2.vllm import gemv as gm
+    from solar_open2.vllm.ops import gemv as gm
     t0 = time.perf_counter()
     shapes, timer = dict(shapes or PAIRS), timer or time_graph
     dt = getattr(torch, dtype)

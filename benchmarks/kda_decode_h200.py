@@ -43,7 +43,7 @@ REAL = rank_shapes(SolarOpen2Config.real())
 def make_inputs(T:int, slots:int, Hl:int, D:int, W:int, dtype, device, dim_first:bool=True, seed:int=0)->dict:
     "`kda_decode_torch` arguments at these shapes; the conv state as vLLM allocates it (`dim_first`: [slots, 3P, W-1])."
     import torch
-    from solar_open2.vllm.kda_decode import random_case
+    from solar_open2.vllm.ops.kda_decode import random_case
     c = random_case(T, T, Hl, D, W, slots, dtype, seed, null_row=False)
     c["idx"] = torch.arange(1, T + 1, dtype=torch.int32)                   # slots 1..T; rotations shift them
     if not dim_first:                                                       # [slots, W-1, 3P] storage, seen as [slots, 3P, W-1]
@@ -83,7 +83,7 @@ def bf16_check(kn, device, shapes:dict, T:int=4, dim_first:bool=True)->dict:
     "Kernel and unfused path against `kda_decode_torch` (fp32 math on the same bf16 inputs) at the given shapes."
     import torch
     from solar_open2.nvfp4 import relative_rms
-    from solar_open2.vllm import kda_decode as kd
+    from solar_open2.vllm.ops import kda_decode as kd
     c = make_inputs(T, T + 2, shapes["Hl"], shapes["D"], shapes["W"], torch.bfloat16, device, dim_first, seed=3)
     clone = lambda: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in c.items()}
     ref, got, unf = clone(), clone(), clone()
@@ -111,7 +111,7 @@ def run(tokens=(1, 2, 4, 8), warps=(4, 8, 16), reps:int=50, deadline_s:float=120
     """Checks, then per token count the unfused path and the kernel per warp count, each in one CUDA graph.
     `device`, `shapes`, `timer`, `kernels` (08d's torch set), `dim_first` and `rotations` exist for the CPU test."""
     import torch
-    from solar_open2.vllm import kda_decode as kd
+    from solar_open2.vllm.ops import kda_decode as kd
     t0 = time.perf_counter()
     shp, timer = dict(shapes or REAL), timer or time_graph
     if kernels is None:

@@ -54,7 +54,7 @@ REAL = rank_shapes(SolarOpen2Config.real())
 def make_layer(T:int, slots:int, s:dict, dtype, device, seed:int=0)->dict:
     "One layer's weights and states at shapes `s`, and a [T, hidden] input: what both chains read."
     import torch
-    from solar_open2.vllm.kda_decode import random_case
+    from solar_open2.vllm.ops.kda_decode import random_case
     g = torch.Generator().manual_seed(seed)
     r = lambda *sh: torch.randn(*sh, generator=g)
     Hl, D, R, H = s["Hl"], s["D"], s["R"], s["hidden"]
@@ -122,8 +122,8 @@ def run(tokens=(1, 2, 4, 8), pair_tiles=QKVB_TILES, fg_tiles=FG_TILES, warps=(4,
     plan's pair and 08j's defaults, and with the fastest pair and kernel. `device`, `shapes`, `timer` and `beta_fn` exist
     for the CPU test."""
     import torch
-    from solar_open2.vllm import gemv as gemv_mod, kda_decode as kd, kda_gates as gates_mod
-    from solar_open2.vllm.kda import kda_beta
+    from solar_open2.vllm.ops import gemv as gemv_mod, kda_decode as kd, kda_gates as gates_mod
+    from solar_open2.kda import kda_beta
     t0 = time.perf_counter()
     s, timer = dict(shapes or REAL), timer or time_graph
     beta_fn = beta_fn or torch.compile(kda_beta, dynamic=False)             # one kernel, as the engine's inductor makes it

@@ -139,4 +139,4 @@ def plugin_module(name:str, no_op:bool|None=None):
             parts = mod.split(".")
             for i in range(1, len(parts) + 1): sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
             for k, v in names.items(): setattr(sys.modules[mod], k, v)
-    return importlib.import_module(f"solar_open2.vllm.{name}")
+    return importlib.import_module(f"solar_open2.vllm.ops.{name}")

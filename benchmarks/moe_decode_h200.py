@@ -49,7 +49,7 @@ def expert_bytes(I:int, K:int, H:int)->dict:
 def random_experts(E, K, I, H, device, seed=0):
     "Random NVFP4 experts at the given shapes, built on `device` (every code valid, scales finite and positive)."
     import torch
-    from solar_open2.vllm.moe_decode import NVFP4Experts
+    from solar_open2.vllm.ops.moe_decode import NVFP4Experts
     g = torch.Generator(device=device).manual_seed(seed)
     def one(N, Kin, S):
         packed = torch.randint(0, 256, (E, N, Kin // 2), generator=g, device=device, dtype=torch.uint8)
@@ -90,7 +90,7 @@ def shared_expert_contention(M, gate_up_tiles, down:"md.Tile", xs, rts, w13, w2,
     programs that find their SM taken by the other stream waiting a full program's time; smaller programs (more of
     them) should lose less. `Is` is the shared expert's width on one rank."""
     import torch, torch.nn.functional as F
-    from solar_open2.vllm import moe_decode as md
+    from solar_open2.vllm.ops import moe_decode as md
     g = torch.Generator(device=dev).manual_seed(7)
     n = len(xs)
     wgu = [(torch.randn(2 * Is, K, generator=g, device=dev) / K ** 0.5).to(torch.bfloat16) for _ in range(n)]
@@ -138,7 +138,7 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
     `device`, `shapes` and `timer` exist for the CPU test of this script (Triton's interpreter, a fake timer)."""
     import torch, triton
     from solar_open2 import nvfp4
-    from solar_open2.vllm import moe_decode as md
+    from solar_open2.vllm.ops import moe_decode as md
     t0 = time.perf_counter()
     dev, shp, timer = device, dict(shapes or REAL), timer or time_graph
     res = {**result_head("moe_decode_h200", dev, ROOT, schema=2), "shapes": shp, "rotations": rotations,

@@ -40,7 +40,7 @@ def real_shapes(cfg:SolarOpen2Config)->dict:
 def vllm_path(x, w, bias, top_k:int):
     "The path before chapter 08k: fp32 cast, 08i's GEMV (cuBLAS where its table has no plan), vLLM's grouped top-k."
     from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import grouped_topk
-    from solar_open2.vllm.gemv import gemv
+    from solar_open2.vllm.ops.gemv import gemv
     z = gemv(x.float(), w)                                                    # [T, E] fp32
     return grouped_topk(x, z, top_k, True, num_expert_group=1, topk_group=1, scoring_func="sigmoid",
                         routed_scaling_factor=1.0, e_score_correction_bias=bias)
@@ -50,7 +50,7 @@ def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out
     """Check, then per token count time vLLM's path and the kernel over its tiles; returns the result dict (also
     written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
     import torch
-    from solar_open2.vllm import moe_router as mr
+    from solar_open2.vllm.ops import moe_route as mr
     t0 = time.perf_counter()
     shp, timer = dict(shapes or real_shapes(SolarOpen2Config.real())), timer or time_graph
     E, K, k = shp["E"], shp["K"], shp["top_k"]
@@ -77,7 +77,7 @@ def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out
                                              if same else None,
                               "min_gap_k": (c[:, k - 1] - c[:, k]).min().item(), "counter": int(counters[0].item())})
     if pairs:                                                                 # the pairs beside the routing: 08f's, bit for bit
-        from solar_open2.vllm.moe_decode import act_pairs_triton
+        from solar_open2.vllm.ops.nvfp4_dot import act_pairs_triton
         for T in tokens:
             x = torch.randn(T, K, generator=g, device=device).to(torch.bfloat16)
             pb = mr.pairs_buffers(T, K, device)

@@ -61,8 +61,10 @@ if str(ROOT / "benchmarks") not in sys.path: sys.path.insert(0, str(ROOT / "benc
 
 from solar_open2 import budget                       # noqa: E402  (CPU-only imports; vllm is imported lazily)
 from solar_open2.config import SolarOpen2Config      # noqa: E402
-from solar_open2.vllm import (FUSE_KDA_PROJ, GEMV_FLAT, GEMV_KERNEL, GEMV_PAIRS, KDA_DECODE_GATES, KDA_DECODE_KERNEL, KDA_GATE_KERNEL, MOE_DIRECT_OUT, MOE_PAIRS,   # noqa: E402
-                              ROUTER_KERNEL)   # the plugin's constants; no vllm import  (the plugin's constants; no vllm import)
+from solar_open2.vllm.options import BY_NAME as _OPTIONS    # noqa: E402  (the plugin's options table; no vllm import)
+FUSE_KDA_PROJ, GEMV_FLAT, GEMV_KERNEL, GEMV_PAIRS, KDA_DECODE_GATES, KDA_DECODE_KERNEL, KDA_GATE_KERNEL, MOE_DIRECT_OUT, MOE_PAIRS, ROUTER_KERNEL = (
+    _OPTIONS[n].key for n in ("fuse_kda_proj", "gemv_flat", "gemv_kernel", "gemv_pairs", "kda_decode_gates", "kda_decode_kernel",
+                              "kda_gate_kernel", "moe_direct_out", "moe_pairs", "router_kernel"))   # the older per-option keys, still read
 from kernel_bench import git_commit, git_dirty, source_digest   # noqa: E402  (what the benchmark scripts share)
 
 SCHEMA = 1

@@ -69,7 +69,7 @@ def entry_point_shim(root: Path) -> Path:
 # ---- child: one vLLM engine ------------------------------------------------------------------------------------
 
 def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
-             moe_backend: str = "auto") -> dict:
+             moe_backend: str = "auto", gemv_probe: bool = False) -> dict:
     "Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs."
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
@@ -77,6 +77,7 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
               max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.3, enable_prefix_caching=False)
     if additional_config: kw["additional_config"] = additional_config
     if moe_backend != "auto": kw["moe_backend"] = moe_backend
+    if gemv_probe: kw["hf_overrides"] = {"architectures": ["SolarOpen2GemvProbeForCausalLM"]}   # the plugin's test model (every dense shape through the GEMV kernels)
     if mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
     t0 = time.perf_counter()
@@ -103,7 +104,7 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
     return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched, "dtype": dtype,
             "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
             "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config,
-            "moe_backend": cfg.kernel_config.moe_backend}
+            "moe_backend": cfg.kernel_config.moe_backend, "architecture": cfg.model_config.architecture}
 
 
 # ---- parent: reference, comparisons -----------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 
 def child_main(a) -> int:
-    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend)
+    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -240,6 +241,8 @@ def main() -> int:
     ap.add_argument("--child-model"); ap.add_argument("--child-mode"); ap.add_argument("--child-out")
     ap.add_argument("--child-dtype", default="bfloat16")
     ap.add_argument("--moe-backend", default="auto", help="vLLM's moe_backend in every run (auto: vLLM chooses, Marlin on Hopper)")
+    ap.add_argument("--gemv-probe", action="store_true", help="run the plugin's test model SolarOpen2GemvProbeForCausalLM "
+                    "(every unquantized linear shape, the router and the LM head through the GEMV kernels, on any GPU)")
     ap.add_argument("--additional-config", help="JSON object passed to vLLM as additional_config in every run, "
                     "e.g. '{\"solar_open2_fuse_kda_proj\": true}'")
     a = ap.parse_args()
@@ -272,7 +275,7 @@ def main() -> int:
     from kernel_bench import git_commit, git_dirty, source_digest         # the code that ran, whatever .git says
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "gpu": torch.cuda.get_device_name(0),
               "git_commit": git_commit(ROOT), "git_dirty": git_dirty(ROOT), "source_sha256": source_digest(ROOT),
-              "additional_config": a.ac, "moe_backend": a.moe_backend,
+              "additional_config": a.ac, "moe_backend": a.moe_backend, "gemv_probe": a.gemv_probe,
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
               "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats, "runs": {}, "failures": []}
@@ -290,6 +293,7 @@ def main() -> int:
             r = subprocess.run([sys.executable, __file__, "--child-model", str(ck), "--child-mode", mode, "--child-dtype", dtype,
                                 "--child-out", str(outf), "--tokens", str(a.tokens)]
                                + (["--additional-config", a.additional_config] if a.additional_config else [])
+                               + (["--gemv-probe"] if a.gemv_probe else [])
                                + ["--moe-backend", a.moe_backend], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:
@@ -309,7 +313,7 @@ def main() -> int:
         single = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["single"])]
         batched = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["batched"])]
         same_batched = [g["tokens"] == b["tokens"] for g, b in zip(res["single"], res["batched"])]
-        rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config", "moe_backend")}
+        rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config", "moe_backend", "architecture")}
         rec.update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
                     "single": single, "batched": batched, "batched_equals_single": same_batched,
                     "tokens": [g["tokens"] for g in res["single"]]})

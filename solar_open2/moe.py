@@ -91,9 +91,11 @@ class SolarMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 # %% ../nbs/04_moe.ipynb #37caaa64
-def dispatch_reference(x:torch.Tensor, idx:torch.Tensor, w:torch.Tensor, experts)->torch.Tensor:
+def dispatch_reference(x:torch.Tensor, idx:torch.Tensor, w:torch.Tensor, experts,
+                       out_features:int|None=None, # the experts' output width, default x's (H)
+                      )->torch.Tensor:
     "Routed output [N, H] fp32: for each expert, its tokens, its weights, added in. x [N, H], idx/w [N, k]."
-    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    out = torch.zeros(x.shape[0], x.shape[1] if out_features is None else out_features, dtype=torch.float32, device=x.device)
     for e, expert in enumerate(experts):
         tok, slot = (idx == e).nonzero(as_tuple=True)                           # pairs routed to e
         if tok.numel() == 0: continue

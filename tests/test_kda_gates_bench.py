@@ -18,7 +18,7 @@ def test_real_shapes_and_the_check_rule():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import kda_gates_h200 as m
     from solar_open2.config import SolarOpen2Config
-    from solar_open2.vllm.kda_gates import checks_pass
+    from solar_open2.vllm.ops.kda_gates import checks_pass
     assert m.real_shapes(SolarOpen2Config.real()) == dict(d=4096, r=128, P=4096)     # chapter 09's per-rank table
     ok = {"dtype": "bfloat16", "rel_rms": 2.0e-3, "plain_rel_rms": 1.3e-3}
     assert checks_pass([ok, {"dtype": "float32", "rel_rms": 2e-7, "plain_rel_rms": 1e-7}])

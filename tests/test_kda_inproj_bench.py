@@ -17,7 +17,7 @@ def test_no_gpu_exits_2_and_real_shapes():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import kda_inproj_h200 as m
     assert m.REAL == dict(Hl=32, D=128, W=4, R=128, hidden=4096)                # per rank at TP2
-    from solar_open2.vllm.gemv import GEMV_TILES, PAIR_TILES
+    from solar_open2.vllm.ops.gemv import GEMV_TILES, PAIR_TILES
     assert (3 * 32 * 128 + 32, 4096, "bfloat16") in GEMV_TILES and (2 * 128, 4096, "bfloat16") in GEMV_TILES
     assert (3 * 32 * 128 + 32, 2 * 128, 4096, "bfloat16") in PAIR_TILES        # the pair the script times has a plan
     from kernel_bench import kind_tiles1
@@ -29,7 +29,7 @@ def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
 import json, sys
 sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import kda_inproj_h200 as m
-from solar_open2.vllm.kda import kda_beta
+from solar_open2.kda import kda_beta
 us = iter([20.0, 9.0, 3.0, 1.0, 7.0, 8.5, 6.0, 12.0, 11.0, 15.0, 14.5])
 timer = lambda fns, reps: ([f() for f in fns], next(us))[1]
 res = m.run(tokens=(2,), pair_tiles=((16, 32, 4, 2),), fg_tiles=(None, ("fma", (1, 64))), warps=(4,), block_r=(8, 16),

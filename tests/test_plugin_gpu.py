@@ -1,4 +1,4 @@
-"""The plugin's torch KDA kernels (the CPU path of `solar_open2.vllm.kda`) against vLLM 0.25.1's Triton kernels, on a GPU.
+"""The plugin's torch KDA kernels (the CPU path of `solar_open2.vllm.kda`, adapters over `solar_open2.kda`) against vLLM 0.25.1's Triton kernels, on a GPU.
 
 The CPU tests hold the plugin's KDA layer to the math through the torch kernels; these hold the torch kernels to the
 Triton kernels the layer calls on a GPU, with the same arguments the layer passes (varlen prefill across chunk
@@ -28,7 +28,7 @@ def _close(a, b, rel):
 def _inputs(T, dev="cuda", seed=0):
     g = torch.Generator(device=dev).manual_seed(seed)
     r = lambda *s: torch.randn(*s, device=dev, generator=g)
-    from solar_open2.vllm.kda import kda_beta
+    from solar_open2.kda import kda_beta
     q, k, v, raw = (r(1, T, H, D).to(torch.bfloat16) for _ in range(4))
     beta = kda_beta(r(T, H))[None]                                              # [1, T, H] fp32, doubled
     A_log = torch.log(1 + 15 * torch.rand(1, 1, H, 1, device=dev, generator=g))
