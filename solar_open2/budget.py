@@ -9,12 +9,14 @@ from dataclasses import dataclass, asdict, field
 from .config import SolarOpen2Config, TensorSpec, tensor_specs, nvfp4_bytes, FULL, LINEAR, GROUPS
 
 # %% auto #0
-__all__ = ['GiB', 'VOCAB_PADDING', 'KV_CACHE_DTYPES', 'MIN_KERNEL_BLOCK', 'GUARD_BYTES', 'SPARK_READINGS', 'BANDWIDTH',
-           'DECODE_PARTS', 'SHORT_CONTEXT', 'gib', 'parse_size', 'check_tp', 'shard_rule', 'rank_shape', 'vllm_dtype',
-           'rank_bytes', 'weights_per_rank', 'kda_state_shapes', 'kda_state_bytes', 'kv_dtype_bytes',
-           'attn_bytes_per_token', 'hybrid_block_size', 'KVLayout', 'kv_layout', 'kv_capacity', 'NodeMemory',
-           'calibrate_node', 'spark', 'node_headroom', 'expected_experts', 'decode_bytes', 'decode_ceiling',
-           'BudgetPlan', 'plan', 'format_plan', 'rank_config', 'save_plots', 'calculator', 'cli_budget']
+__all__ = ['GiB', 'VOCAB_PADDING', 'KV_CACHE_DTYPES', 'MIN_KERNEL_BLOCK', 'GUARD_BYTES', 'SPARK_READINGS', 'CUDAGRAPH_READINGS',
+           'BANDWIDTH', 'DECODE_PARTS', 'SHORT_CONTEXT', 'GPUS', 'NON_KV_ALLOWANCE', 'gib', 'parse_size', 'check_tp',
+           'shard_rule', 'rank_shape', 'vllm_dtype', 'rank_bytes', 'weights_per_rank', 'kda_state_shapes',
+           'kda_state_bytes', 'kv_dtype_bytes', 'attn_bytes_per_token', 'hybrid_block_size', 'KVLayout', 'kv_layout',
+           'kv_capacity', 'max_fitting_len', 'align_saved_boundaries', 'prefix_hit_tokens', 'NodeMemory',
+           'calibrate_node', 'spark', 'node_headroom', 'cudagraph_bytes', 'capture_sizes_for', 'vllm_capture_sizes',
+           'expected_experts', 'decode_bytes', 'decode_ceiling', 'BudgetPlan', 'plan', 'format_plan', 'GPU', 'GPUPlan',
+           'gpu_plan', 'rank_config', 'save_plots', 'calculator', 'cli_budget']
 
 # %% ../nbs/07_budget.ipynb #4ad83b8d
 GiB = 2**30
@@ -123,14 +125,14 @@ def weights_per_rank(cfg:SolarOpen2Config|None=None, tp:int=2, build:str="nvfp4"
     return c if by_group else sum(c.values())
 
 # %% ../nbs/07_budget.ipynb #00791463
-def kda_state_shapes(cfg:SolarOpen2Config, tp:int)->tuple:
-    "Per-rank (conv, recurrent) state shapes of one KDA layer for one request, vLLM's 'SD' layout."
+def kda_state_shapes(cfg:SolarOpen2Config, tp:int, num_spec:int=0)->tuple:
+    "Per-rank (conv, recurrent) state shapes of one KDA layer for one request, vLLM's 'SD' layout; `num_spec` draft tokens widen the conv window."
     H, D, K = cfg.kda_num_heads, cfg.kda_head_dim, cfg.kda_conv_size
-    return (K - 1, 3 * H * D // tp), (H // tp, D, D)
+    return (K - 1 + num_spec, 3 * H * D // tp), (H // tp, D, D)
 
-def kda_state_bytes(cfg:SolarOpen2Config, tp:int, conv_dtype:str="bfloat16")->tuple:
+def kda_state_bytes(cfg:SolarOpen2Config, tp:int, conv_dtype:str="bfloat16", num_spec:int=0)->tuple:
     "Per-rank (conv, recurrent) state bytes of one KDA layer for one request; the recurrent state is fp32."
-    conv, rec = kda_state_shapes(cfg, tp)
+    conv, rec = kda_state_shapes(cfg, tp, num_spec)
     return math.prod(conv) * _DTYPE_BYTES[conv_dtype], math.prod(rec) * 4
 
 # %% ../nbs/07_budget.ipynb #55779f5e
@@ -172,12 +174,15 @@ class KVLayout:
     group_size: int                   # layers per KV-cache group
     n_attn_groups: int
     n_kda_groups: int
+    num_speculative_blocks: int = 0   # k: extra state blocks per KDA group for k draft tokens
     @property
     def padding_pct(self)->float: return 100 * (self.page_bytes - self.mamba_page_bytes) / self.mamba_page_bytes
     @property
     def bytes_per_block(self)->int: return self.group_size * self.page_bytes
     @property
-    def kda_blocks_per_request(self)->int: return self.n_kda_groups * (2 if self.mamba_cache_mode == "align" else 1)
+    def kda_blocks_per_group(self)->int: return (2 if self.mamba_cache_mode == "align" else 1) + self.num_speculative_blocks
+    @property
+    def kda_blocks_per_request(self)->int: return self.n_kda_groups * self.kda_blocks_per_group
 
 def _group_counts(n_attn:int, n_kda:int)->tuple:
     "vLLM's `_get_kv_cache_groups_uniform_page_size`: (group size, attention groups, KDA groups)."
@@ -186,22 +191,28 @@ def _group_counts(n_attn:int, n_kda:int)->tuple:
     if max(sizes) < 1.5 * gs: gs = max(sizes)
     return gs, -(-n_attn // gs) if n_attn else 0, -(-n_kda // gs) if n_kda else 0
 
+def _count(name:str, v, lo:int=0)->int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    return v
+
 def kv_layout(cfg:SolarOpen2Config|None=None, tp:int=2, kv_cache_dtype:str="auto", block_size:int=16,
-              prefix_caching:bool=False, mamba_cache_dtype:str="auto")->KVLayout:
+              prefix_caching:bool=False, mamba_cache_dtype:str="auto", num_speculative_tokens:int=0)->KVLayout:
     "The hybrid page/block layout one rank gets for these flags."
     cfg = cfg or SolarOpen2Config.real()
     check_tp(cfg, tp, build="bf16")
     if not isinstance(block_size, int) or block_size < 1 or block_size % MIN_KERNEL_BLOCK:
         raise ValueError(f"--block-size must be a positive multiple of {MIN_KERNEL_BLOCK}, got {block_size!r}")
+    k = _count("num_speculative_tokens", num_speculative_tokens)
     conv_dt = cfg.torch_dtype if mamba_cache_dtype == "auto" else mamba_cache_dtype
-    conv_b, rec_b = kda_state_bytes(cfg, tp, conv_dt)
-    conv_s, rec_s = kda_state_shapes(cfg, tp)
+    conv_b, rec_b = kda_state_bytes(cfg, tp, conv_dt, k)
+    conv_s, rec_s = kda_state_shapes(cfg, tp, k)
     S, a = conv_b + rec_b, attn_bytes_per_token(cfg, tp, kv_cache_dtype)
     B = hybrid_block_size(S, a, block_size)
     na, nk = len(cfg.full_attention_layers), len(cfg.kda_layers)
     gs, ga, gk = _group_counts(na, nk)
     return KVLayout(tp, kv_cache_dtype, "align" if prefix_caching else "none", conv_s, rec_s, conv_b, rec_b, S, a,
-                    B, B * a, na, nk, gs, ga, gk)
+                    B, B * a, na, nk, gs, ga, gk, k)
 
 # %% ../nbs/07_budget.ipynb #409d1146
 def kv_capacity(layout:KVLayout, kv_cache_memory_bytes:int, max_model_len:int)->dict:
@@ -218,6 +229,34 @@ def kv_capacity(layout:KVLayout, kv_cache_memory_bytes:int, max_model_len:int)->
                 kv_bytes_per_request=needed, fits=M > 0 and needed <= M,
                 log_kv_cache_size=f"GPU KV cache size: {int(conc * L):,} tokens",
                 log_max_concurrency=f"Maximum concurrency for {L:,} tokens per request: {conc:.2f}x")
+
+def max_fitting_len(layout:KVLayout, kv_cache_memory_bytes:int, upper:int)->int:
+    "The longest `--max-model-len` (<= `upper`) one request of which fits the pool; 0 if none (vLLM's `_estimate_max_model_len_from_groups`)."
+    blocks = kv_cache_memory_bytes // (layout.group_size * layout.page_bytes) - layout.kda_blocks_per_request
+    per_group = blocks // layout.n_attn_groups if layout.n_attn_groups else upper
+    return max(0, min(upper, per_group * layout.block_size))
+
+# %% ../nbs/07_budget.ipynb #d1be3412
+def align_saved_boundaries(prompt_len:int, block_size:int, max_num_batched_tokens:int=8192)->list:
+    "Token positions at which mamba cache mode `align` keeps a KDA state for one prompt scheduled alone (vLLM 0.25.1's block-aligned split)."
+    for name, v in (("prompt_len", prompt_len), ("block_size", block_size), ("max_num_batched_tokens", max_num_batched_tokens)):
+        _count(name, v, 1)
+    if block_size > max_num_batched_tokens:
+        raise ValueError(f"block size {block_size} exceeds --max-num-batched-tokens {max_num_batched_tokens}: vLLM refuses align mode")
+    n, B, done, kept = prompt_len, block_size, 0, []
+    last = n - n % B                                          # the prompt's last full block boundary
+    while done < n:
+        new = min(n - done, max_num_batched_tokens)
+        if done + new < last: new = new // B * B              # a chunk that stops before the last boundary: whole blocks
+        elif done < last < done + new: new = last - done      # one chunk ends exactly there
+        done += new
+        if done % B == 0: kept.append(done)
+    return kept
+
+def prefix_hit_tokens(saved:list, shared_len:int, prompt_len:int)->int:
+    "Prefix-cache hit (tokens) of a later prompt of `prompt_len` tokens sharing `shared_len` with an earlier one that kept `saved`."
+    cap = min(shared_len, prompt_len - 1)
+    return max((b for b in saved if b <= cap), default=0)
 
 # %% ../nbs/07_budget.ipynb #55c45430
 GUARD_BYTES = 8 * GiB
@@ -249,15 +288,40 @@ def spark()->NodeMemory:
     "The DGX Spark node, calibrated against our TP2 NVFP4 weights of the real model."
     return calibrate_node(weights_per_rank(SolarOpen2Config.real(), 2))
 
-def node_headroom(weights_bytes:int, pool_bytes:int, node:NodeMemory|None=None, role:str="head")->dict:
-    "Used and available memory of one node, and the distance to the oom-guard line (negative: the guard trips)."
+def node_headroom(weights_bytes:int, pool_bytes:int, node:NodeMemory|None=None, role:str="head", extra_bytes:int=0)->dict:
+    "Used and available memory of one node, and the distance to the oom-guard line (negative: the guard trips); `extra_bytes`: e.g. CUDA graphs."
     node = node or spark()
     if role not in ("head", "worker"): raise ValueError(f"role must be 'head' or 'worker', got {role!r}")
     over = node.head_overhead_bytes if role == "head" else node.worker_overhead_bytes
-    used = weights_bytes + pool_bytes + over
+    used = weights_bytes + pool_bytes + over + extra_bytes
     avail = node.total_bytes - used
     return dict(role=role, used_bytes=used, available_bytes=avail, headroom_bytes=avail - node.guard_bytes,
                 overhead_bytes=over)
+
+# %% ../nbs/07_budget.ipynb #c969ca61
+CUDAGRAPH_READINGS = ((8, 0.17 * GiB), (64, 0.29 * GiB))   # (largest capture size, GiB logged), H200, one TP2 rank of the real model
+
+def cudagraph_bytes(capture_sizes)->int:
+    "Estimated CUDA-graph memory of one rank for these capture sizes: linear in the largest through `CUDAGRAPH_READINGS`."
+    if not capture_sizes: return 0
+    (x0, y0), (x1, y1) = CUDAGRAPH_READINGS
+    return int(max(y0, y0 + (max(capture_sizes) - x0) * (y1 - y0) / (x1 - x0)))
+
+def capture_sizes_for(max_num_seqs:int, num_speculative_tokens:int=0, max_num_batched_tokens:int=8192)->list:
+    "The single-user capture sizes: powers of two up to the largest decode batch in tokens, max_num_seqs x (1 + k), which is included (at most --max-num-batched-tokens, as vLLM caps them)."
+    top = _count("--max-num-seqs", max_num_seqs, 1) * (1 + _count("num_speculative_tokens", num_speculative_tokens))
+    top = min(top, _count("--max-num-batched-tokens", max_num_batched_tokens, 1))
+    sizes = [s for s in (2**i for i in range(top.bit_length())) if s < top]
+    return sizes + [top]
+
+def vllm_capture_sizes(max_num_seqs:int, num_speculative_tokens:int=0, max_num_batched_tokens:int=8192)->list:
+    "vLLM 0.25.1's default capture sizes (`VllmConfig._set_cudagraph_sizes`, no flags given)."
+    top = min(min(max_num_seqs * (1 + num_speculative_tokens) * 2, 512), max_num_batched_tokens)
+    sizes = [i for i in (1, 2, 4) if i <= top]
+    if top >= 8: sizes += list(range(8, min(top + 1, 256), 8))
+    if top >= 256: sizes += list(range(256, top + 1, 16))
+    if max_num_batched_tokens <= top: sizes.append(max_num_batched_tokens)
+    return sorted(set(sizes))
 
 # %% ../nbs/07_budget.ipynb #0b860b56
 BANDWIDTH = {"dgx-spark": 273e9, "h200": 4.8e12, "b200": 8.0e12}   # bytes/s per GPU
@@ -324,14 +388,16 @@ class BudgetPlan:
     log_kv_cache_size: str
     log_max_concurrency: str
     max_resident_seqs: int           # num_blocks // (KDA blocks + 1): requests that can be resident at all
-    head: dict                       # DGX Spark node headroom, head node
-    worker: dict                     # ... worker node
+    head: dict|None                  # DGX Spark node headroom, head node (None: not planned for a Spark)
+    worker: dict|None                # ... worker node
     node: NodeMemory
     decode_bytes_short: int          # one token at 1K context, batch 1
     decode_bytes_full: int           # one token at max_model_len, batch 1
     decode_ceiling_short: dict       # tok/s per BANDWIDTH key, 1K context
     decode_ceiling_full: dict        # tok/s per BANDWIDTH key, at max_model_len
     warnings: list = field(default_factory=list)
+    num_speculative_tokens: int = 0
+    cudagraph_bytes: int = 0         # CUDA-graph memory counted in the node headroom
 
     @property
     def block_size(self)->int: return self.layout.block_size
@@ -348,6 +414,7 @@ class BudgetPlan:
                  conv_state_shape=list(L.conv_state_shape), recurrent_state_shape=list(L.recurrent_state_shape),
                  group_size=L.group_size, n_attn_groups=L.n_attn_groups, n_kda_groups=L.n_kda_groups,
                  mamba_cache_mode=L.mamba_cache_mode, bytes_per_block=L.bytes_per_block,
+                 num_speculative_blocks=L.num_speculative_blocks,
                  weights_per_rank_gib=round(gib(self.weights_per_rank_bytes), 4), log_lines=self.log_lines,
                  node=dict(name=self.node.name, total_bytes=self.node.total_bytes, guard_bytes=self.node.guard_bytes,
                            head_overhead_bytes=self.node.head_overhead_bytes,
@@ -358,7 +425,8 @@ SHORT_CONTEXT = 1024
 
 def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_cache_dtype:str="auto",
          block_size:int=16, prefix_caching:bool=False, max_num_seqs:int=1024, build:str="nvfp4",
-         router_dtype:str="float32", cfg:SolarOpen2Config|None=None, node:NodeMemory|None=None)->BudgetPlan:
+         router_dtype:str="float32", cfg:SolarOpen2Config|None=None, node:NodeMemory|None=None,
+         num_speculative_tokens:int=0, cudagraph_bytes:int=0, spark_headroom:bool=True)->BudgetPlan:
     "Plan one `vllm serve` configuration: sizes accept vLLM's notation ('28g', '8G', '1M'); raises ValueError on bad input."
     cfg = cfg or SolarOpen2Config.real()
     M = parse_size(kv_cache_memory_bytes)
@@ -371,10 +439,12 @@ def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_
     kv_dtype_bytes(kv_cache_dtype)
     by_group = weights_per_rank(cfg, tp, build, router_dtype, by_group=True)
     W = sum(by_group.values())
-    lay = kv_layout(cfg, tp, kv_cache_dtype, block_size, prefix_caching)
+    lay = kv_layout(cfg, tp, kv_cache_dtype, block_size, prefix_caching, num_speculative_tokens=num_speculative_tokens)
     cap = kv_capacity(lay, M, L)
+    _count("cudagraph_bytes", cudagraph_bytes)
     node = node or spark()
-    head, worker = (node_headroom(W, M, node, r) for r in ("head", "worker"))
+    head, worker = ((node_headroom(W, M, node, r, cudagraph_bytes) for r in ("head", "worker")) if spark_headroom
+                    else (None, None))
     resident = cap["num_blocks"] // (lay.kda_blocks_per_request + 1)
     warn = []
     if not cap["fits"]:
@@ -383,7 +453,7 @@ def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_
     if max_num_seqs > resident:
         warn.append(f"--max-num-seqs {max_num_seqs} exceeds the {resident} requests the pool can hold at once "
                     f"(each pins {lay.kda_blocks_per_request} KDA blocks + >= 1 attention block)")
-    for h in (head, worker):
+    for h in (head, worker) if spark_headroom else ():
         if h["headroom_bytes"] < 0:
             warn.append(f"{node.name} {h['role']}: {gib(h['available_bytes']):.1f} GiB available, below the "
                         f"{gib(node.guard_bytes):.0f} GiB oom-guard line")
@@ -394,7 +464,8 @@ def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_
                       cap["blocks_per_request"], cap["max_concurrency"], cap["gpu_kv_cache_tokens"],
                       cap["kv_bytes_per_request"], cap["fits"], cap["log_kv_cache_size"], cap["log_max_concurrency"],
                       resident, head, worker, node, ds, df,
-                      {k: bw / ds for k, bw in BANDWIDTH.items()}, {k: bw / df for k, bw in BANDWIDTH.items()}, warn)
+                      {k: bw / ds for k, bw in BANDWIDTH.items()}, {k: bw / df for k, bw in BANDWIDTH.items()}, warn,
+                      num_speculative_tokens, cudagraph_bytes)
 
 # %% ../nbs/07_budget.ipynb #136fa1f5
 def format_plan(p:BudgetPlan)->str:
@@ -403,7 +474,8 @@ def format_plan(p:BudgetPlan)->str:
     kvd = f"{p.kv_cache_dtype}" + (" (bfloat16)" if p.kv_cache_dtype == "auto" else "")
     out = [f"Solar-Open2 serving budget: TP{p.tp}, {p.build.upper()} build, --kv-cache-memory-bytes {p.kv_cache_memory_bytes:,} "
            f"({gib(p.kv_cache_memory_bytes):.2f} GiB), --max-model-len {p.max_model_len:,}, KV {kvd}, "
-           f"prefix caching {'on' if p.prefix_caching else 'off'}", ""]
+           f"prefix caching {'on' if p.prefix_caching else 'off'}"
+           + (f", {p.num_speculative_tokens} speculative tokens" if p.num_speculative_tokens else ""), ""]
     row = lambda k, v: out.append(f"  {k:<60}{v:>18}")
     out.append(f"weights per rank (router {p.router_dtype})")
     for g, b in p.weights_by_group.items(): row(g, f"{gib(b):.3f} GiB")
@@ -417,13 +489,16 @@ def format_plan(p:BudgetPlan)->str:
         f"{L.n_attn_groups + L.n_kda_groups} x {L.group_size} layers")
     row(f"blocks ({L.group_size} x page = {L.bytes_per_block:,} B each)", f"{p.num_blocks:,}")
     row(f"blocks per request ({p.attn_blocks_per_request:,} attention + {p.kda_blocks_per_request} KDA)", f"{p.blocks_per_request:,}")
+    if p.prefix_caching: row("prefix-cache hits in whole blocks of", f"{L.block_size:,} tokens")
     row(f"requests resident at once (--max-num-seqs {p.max_num_seqs})", f"{min(p.max_num_seqs, p.max_resident_seqs):,}")
     out.append("vLLM will log")
     out += [f"  {s}" for s in p.log_lines]
-    out.append(f"{n.name} node (unified {gib(n.total_bytes):.1f} GiB, oom-guard at {gib(n.guard_bytes):.0f} GiB available)")
-    for h in (p.head, p.worker):
-        row(f"{h['role']}: used / available / above guard",
-            f"{gib(h['used_bytes']):.1f} / {gib(h['available_bytes']):.1f} / {gib(h['headroom_bytes']):+.1f} GiB")
+    if p.head is not None:
+        out.append(f"{n.name} node (unified {gib(n.total_bytes):.1f} GiB, oom-guard at {gib(n.guard_bytes):.0f} GiB available)")
+        if p.cudagraph_bytes: row("CUDA graphs (estimate, in the use below)", f"{gib(p.cudagraph_bytes):.2f} GiB")
+        for h in (p.head, p.worker):
+            row(f"{h['role']}: used / available / above guard",
+                f"{gib(h['used_bytes']):.1f} / {gib(h['available_bytes']):.1f} / {gib(h['headroom_bytes']):+.1f} GiB")
     out.append("decode ceiling, batch 1 (tok/s per sequence)")
     row(f"bytes read per token per rank at {min(SHORT_CONTEXT, p.max_model_len):,} / {p.max_model_len:,} tokens",
         f"{p.decode_bytes_short/1e9:.2f} / {p.decode_bytes_full/1e9:.2f} GB")
@@ -431,6 +506,73 @@ def format_plan(p:BudgetPlan)->str:
         row(f"{k} ({bw/1e9:,.0f} GB/s)", f"{p.decode_ceiling_short[k]:.1f} / {p.decode_ceiling_full[k]:.1f}")
     if p.warnings: out += ["", *[f"WARNING: {w}" for w in p.warnings]]
     return "\n".join(out)
+
+# %% ../nbs/07_budget.ipynb #031a365d
+@dataclass(frozen=True)
+class GPU:
+    "One datacenter GPU: its memory as `nvidia-smi` reports `memory.total`, its bandwidth, its architecture."
+    name: str
+    memory_bytes: int
+    bandwidth: float
+    arch: str
+
+GPUS = {"b200": GPU("B200", 183_359 * 2**20, 8.0e12, "sm_100"),
+        "h200": GPU("H200", 143_771 * 2**20, 4.8e12, "sm_90"),
+        "h100": GPU("H100", 81_559 * 2**20, 3.35e12, "sm_90")}
+NON_KV_ALLOWANCE = 4 * GiB    # profile-run activation peak + non-torch memory: an allowance, not a count
+
+@dataclass
+class GPUPlan:
+    "`plan` on one datacenter GPU per rank: the pool from `--gpu-memory-utilization` (estimated) or `--kv-cache-memory-bytes` (exact)."
+    gpu: GPU
+    plan: BudgetPlan
+    gpu_memory_utilization: float|None   # None: the pool was pinned with --kv-cache-memory-bytes
+    pool_exact: bool                     # True: the logged numbers are exact
+    non_kv_bytes: int                    # the allowance for activations and non-torch memory
+    cudagraph_bytes: int
+    capture_sizes: list
+    used_bytes: int                      # weights + pool + allowance + graphs
+    free_bytes: int                      # memory_bytes - used_bytes
+    max_fitting_len: int                 # the longest --max-model-len the pool holds one request of
+    warnings: list = field(default_factory=list)
+
+    def to_dict(self)->dict:
+        "A JSON-ready dict: the GPU, the memory split and the plan's own dict."
+        d = {k: getattr(self, k) for k in ("gpu_memory_utilization", "pool_exact", "non_kv_bytes", "cudagraph_bytes",
+                                           "capture_sizes", "used_bytes", "free_bytes", "max_fitting_len", "warnings")}
+        return dict(gpu=asdict(self.gpu), **d, plan=self.plan.to_dict())
+
+def gpu_plan(gpu:str="b200", tp:int=2, max_model_len=None, kv_cache_dtype:str="fp8", prefix_caching:bool=False,
+             num_speculative_tokens:int=0, kv_cache_memory_bytes=None, gpu_memory_utilization:float=0.9,
+             max_num_seqs:int=256, max_num_batched_tokens:int=8192, capture_sizes=None, enforce_eager:bool=False,
+             block_size:int=16, build:str="nvfp4", router_dtype:str="float32", non_kv_bytes:int=NON_KV_ALLOWANCE,
+             cfg:SolarOpen2Config|None=None)->GPUPlan:
+    "Plan one rank of a `vllm serve` on a B200/H200/H100 (`GPUS` key); raises ValueError on bad input."
+    if gpu not in GPUS: raise ValueError(f"unknown GPU {gpu!r}; choose from {', '.join(GPUS)}")
+    g, cfg = GPUS[gpu], cfg or SolarOpen2Config.real()
+    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
+       or not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    _count("--max-num-batched-tokens", max_num_batched_tokens, 1); _count("non_kv_bytes", non_kv_bytes)
+    k = _count("num_speculative_tokens", num_speculative_tokens)
+    sizes = [] if enforce_eager else sorted(set(capture_sizes)) if capture_sizes else vllm_capture_sizes(
+        _count("--max-num-seqs", max_num_seqs, 1), k, max_num_batched_tokens)
+    G, W = cudagraph_bytes(sizes), weights_per_rank(cfg, tp, build, router_dtype)
+    if kv_cache_memory_bytes is None:
+        M, util = int(g.memory_bytes * gpu_memory_utilization) - W - non_kv_bytes - G, gpu_memory_utilization
+        if M <= 0:
+            raise ValueError(f"{g.name} at --gpu-memory-utilization {gpu_memory_utilization}: {gib(W):.1f} GiB of weights per rank "
+                             f"leave no KV pool (TP{tp}); raise the TP degree")
+    else: M, util = parse_size(kv_cache_memory_bytes), None
+    p = plan(tp, M, max_model_len, kv_cache_dtype, block_size, prefix_caching, max_num_seqs, build, router_dtype, cfg,
+             num_speculative_tokens=k, spark_headroom=False)
+    used = W + M + non_kv_bytes + G
+    warn = list(p.warnings)
+    if used > g.memory_bytes:
+        warn.append(f"{g.name}: weights {gib(W):.1f} + pool {gib(M):.1f} + allowance {gib(non_kv_bytes):.1f} + graphs "
+                    f"{gib(G):.2f} GiB exceed its {gib(g.memory_bytes):.1f} GiB")
+    return GPUPlan(g, p, util, util is None, non_kv_bytes, G, sizes, used, g.memory_bytes - used,
+                   max_fitting_len(p.layout, M, cfg.max_position_embeddings), warn)
 
 # %% ../nbs/07_budget.ipynb #ee9603d8
 def rank_config(cfg:SolarOpen2Config, tp:int)->SolarOpen2Config:
@@ -532,16 +674,36 @@ def cli_budget(argv:list|None=None)->int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--enable-prefix-caching", action="store_true")
     ap.add_argument("--max-num-seqs", type=int, default=1024)
+    ap.add_argument("--num-speculative-tokens", type=int, default=0, help="draft tokens verified per step (their KDA state slots)")
+    ap.add_argument("--gpu", choices=tuple(GPUS), help="plan one rank on this datacenter GPU instead of a DGX Spark")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="with --gpu: size the pool from this fraction of the GPU (an estimate) instead of --kv-cache-memory-bytes")
     ap.add_argument("--build", choices=("nvfp4", "bf16"), default="nvfp4", help="routed experts in NVFP4 (Nota's checkpoint) or BF16")
     ap.add_argument("--router-dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     try:
         a = ap.parse_args(argv)
         cfg = SolarOpen2Config.from_pretrained(a.model) if a.model else getattr(SolarOpen2Config, a.preset)()
-        p = plan(a.tp, a.kv_cache_memory_bytes, a.max_model_len, a.kv_cache_dtype, a.block_size,
-                 a.enable_prefix_caching, a.max_num_seqs, a.build, a.router_dtype, cfg)
+        if a.gpu_memory_utilization is not None and not a.gpu:
+            raise _UsageError("--gpu-memory-utilization needs --gpu (a DGX Spark is planned from --kv-cache-memory-bytes)")
+        if a.gpu:
+            g = gpu_plan(a.gpu, a.tp, a.max_model_len, a.kv_cache_dtype, a.enable_prefix_caching, a.num_speculative_tokens,
+                         None if a.gpu_memory_utilization else a.kv_cache_memory_bytes, a.gpu_memory_utilization or 0.9,
+                         a.max_num_seqs, block_size=a.block_size, build=a.build, router_dtype=a.router_dtype, cfg=cfg)
+            p = g.plan
+        else:
+            p = plan(a.tp, a.kv_cache_memory_bytes, a.max_model_len, a.kv_cache_dtype, a.block_size,
+                     a.enable_prefix_caching, a.max_num_seqs, a.build, a.router_dtype, cfg,
+                     num_speculative_tokens=a.num_speculative_tokens)
     except (_UsageError, ValueError, OSError) as e:
         print(f"solar-open2 budget: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
-    print(json.dumps(p.to_dict(), indent=1) if a.json else format_plan(p))
+    if a.json: print(json.dumps(g.to_dict() if a.gpu else p.to_dict(), indent=1))
+    else:
+        print(format_plan(p))
+        if a.gpu:
+            print(f"{g.gpu.name} ({gib(g.gpu.memory_bytes):.1f} GiB): weights {gib(p.weights_per_rank_bytes):.1f} + pool "
+                  f"{gib(p.kv_cache_memory_bytes):.1f}{'' if g.pool_exact else ' (estimate)'} + allowance {gib(g.non_kv_bytes):.1f} "
+                  f"+ graphs {gib(g.cudagraph_bytes):.2f} GiB, {gib(g.free_bytes):.1f} GiB free")
+            for w in g.warnings[len(p.warnings):]: print(f"WARNING: {w}")
     return 0 if p.fits else 1

@@ -19,6 +19,7 @@ COMMANDS = {
     "budget": ("solar_open2.budget", "cli_budget", "memory and bandwidth budget of a vllm serve configuration (weights per rank, hybrid KV pool, Spark headroom, decode roofline)"),
     "scripts": ("solar_open2.serving", "cli_scripts", "write the two-Spark serving scripts (Ray, preflight, serve, oom-guard, stop)"),
     "bench": ("solar_open2.bench", "cli_bench", "benchmark an OpenAI-compatible server: smoke, single, sweep, trace, make-trace"),
+    "dynamo": ("solar_open2.dynamo", "cli_dynamo", "write Kubernetes manifests for NVIDIA Dynamo (model cache, DynamoGraphDeployment, aiperf Job, runtime Dockerfile)"),
 }
 
 def cli_preflight(argv:list|None=None)->int:

@@ -4,17 +4,18 @@
 
 # %% ../nbs/10_serving.ipynb #d5935241
 from __future__ import annotations
-import dataclasses, getpass, ipaddress, json, os, re, shlex, shutil, subprocess, sys
+import dataclasses, getpass, ipaddress, json, math, os, re, shlex, shutil, subprocess, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'SCRIPT_NAMES', 'GiB', 'VLLM_VERSION', 'PLUGIN_GROUP', 'PLUGIN_NAME',
-           'ENGINE_MARKERS', 'DEFAULT_MAX_NUM_SEQS', 'ServeOptions', 'to_argv', 'start_ray_cluster_sh', 'preflight_sh',
-           'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts', 'write_scripts', 'shellcheck_bin',
-           'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv', 'login_path', 'check_tools', 'check_linger',
-           'raylet_envs', 'check_raylet', 'check_engine_leftovers', 'fake_proc', 'mem_available', 'check_memory',
-           'fake_meminfo', 'checkpoint_manifest', 'compare_manifests', 'node_preflight', 'budget_plan',
+__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'GiB', 'VLLM_VERSION', 'PLUGIN_GROUP',
+           'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS', 'ServeOptions', 'to_argv',
+           'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts',
+           'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv',
+           'login_path', 'check_tools', 'check_linger', 'logind_setting', 'check_remove_ipc', 'raylet_envs',
+           'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe', 'check_nccl', 'mem_available',
+           'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests', 'node_preflight', 'budget_plan',
            'resolve_options', 'memory_need', 'options_from_args', 'cli_scripts', 'node_preflight_main']
 
 # %% ../nbs/10_serving.ipynb #a9813e98
@@ -22,6 +23,8 @@ PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576) 
 MARGIN = dict(kv_cache_memory_bytes=8_000_000_000, max_model_len=262_144)        # 256K with memory to spare
 PRESETS = {"published": PUBLISHED, "margin": MARGIN}
 SCRIPT_NAMES = ("start-ray-cluster.sh", "preflight.sh", "serve.sh", "oom-guard.sh", "stop.sh")
+GRAPH_MODES = ("auto", "on", "off")   # CUDA graphs: decided by each node's NCCL, forced on (--graphs), off (--eager)
+NCCL_MIN = (2, 30, 4)                  # fixes cross-node CUDA-graph replay on GB10 (vLLM issue 52504)
 GiB = 1024**3
 
 @dataclass
@@ -47,16 +50,28 @@ class ServeOptions:
     oom_threshold: int = 8 * GiB
     oom_interval: float = 2.0
     parsers: bool = True                  # --reasoning-parser / --tool-call-parser solar_open2
+    graphs: str = "auto"                  # GRAPH_MODES
+    kv_cache_dtype: str = "auto"          # --kv-cache-dtype (auto = BF16, or fp8)
+    prefix_caching: bool = False          # --enable-prefix-caching (mamba cache mode "align")
+    nccl_library: str|None = None         # a system libnccl.so.2 the raylets preload instead of the pip one
+    capture_sizes: list|None = None       # CUDA-graph capture sizes; default: powers of two up to --max-num-seqs
 
     def __post_init__(self):
         if isinstance(self.worker_ips, str): self.worker_ips = [self.worker_ips]
         self.worker_ips = list(self.worker_ips)
         self.worker_ssh = list(self.worker_ssh) if self.worker_ssh else list(self.worker_ips)
+        if self.capture_sizes is not None: self.capture_sizes = list(self.capture_sizes)
         self.validate()
 
 # %% ../nbs/10_serving.ipynb #817a4264
-_IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
-_SAFE = re.compile(r"^[A-Za-z0-9_./@:+,=-]+$")   # values the scripts embed: no spaces, quotes or shell syntax
+_IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
+_SAFE = re.compile(r"[A-Za-z0-9_./@:+,=-]+")    # values the scripts embed: no spaces, quotes or shell syntax
+
+def _text_ok(name:str, v)->None:
+    "A value the scripts embed: one token of safe characters (matched whole: no trailing newline), not an option."
+    if not isinstance(v, str) or not _SAFE.fullmatch(v):
+        raise ValueError(f"{name}: {v!r} has characters the scripts cannot embed (spaces, quotes, newlines, shell syntax)")
+    if v.startswith("-"): raise ValueError(f"{name}: {v!r} starts with '-', so ssh or vllm would read it as an option")
 
 def _validate(self:ServeOptions)->ServeOptions:
     "Refuse options the scripts cannot work with, naming the option."
@@ -68,21 +83,36 @@ def _validate(self:ServeOptions)->ServeOptions:
     if len(set(ips)) != len(ips): raise ValueError(f"--head-ip/--worker-ip: every node needs its own address, got {ips}")
     if len(self.worker_ssh) != len(self.worker_ips):
         raise ValueError(f"--worker-ssh: {len(self.worker_ssh)} given for {len(self.worker_ips)} workers")
-    if not _IFNAME.match(self.ifname or ""): raise ValueError(f"--ifname: {self.ifname!r} is not a network interface name")
-    for name, p in (("--model", self.model), ("--venv", self.venv)):
-        if not p or not p.startswith("/"): raise ValueError(f"{name}: {p!r} must be an absolute path (the same on every node)")
+    if not isinstance(self.ifname, str) or not _IFNAME.fullmatch(self.ifname) or self.ifname.startswith("-"):
+        raise ValueError(f"--ifname: {self.ifname!r} is not a network interface name")
+    for name, p in (("--model", self.model), ("--venv", self.venv), ("--nccl-library", self.nccl_library or "/")):
+        if not isinstance(p, str) or not p.startswith("/"):
+            raise ValueError(f"{name}: {p!r} must be an absolute path (the same on every node)")
     for name, v in (("--model", self.model), ("--venv", self.venv), ("--served-model-name", self.served_model_name),
-                    ("--hca", self.hca or "x"), ("--host", self.host)) + tuple(("--worker-ssh", s) for s in self.worker_ssh):
-        if not _SAFE.match(v or ""): raise ValueError(f"{name}: {v!r} has characters the scripts cannot embed (spaces, quotes, shell syntax)")
+                    ("--hca", self.hca or "x"), ("--host", self.host), ("--nccl-library", self.nccl_library or "/x")) \
+                   + tuple(("--worker-ssh", s) for s in self.worker_ssh):
+        _text_ok(name, v)
     for name, v in (("--kv-cache-memory-bytes", self.kv_cache_memory_bytes), ("--max-model-len", self.max_model_len),
                     ("--tp", self.tp), ("--max-num-batched-tokens", self.max_num_batched_tokens), ("--port", self.port),
                     ("--ray-port", self.ray_port), ("--max-jobs", self.max_jobs), ("--oom-threshold", self.oom_threshold)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0: raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if self.max_num_seqs is not None and (not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1):
+    for name, v in (("--port", self.port), ("--ray-port", self.ray_port)):
+        if v > 65535: raise ValueError(f"{name} {v} is not a TCP port (1..65535)")
+    if self.max_num_seqs is not None and (not isinstance(self.max_num_seqs, int) or isinstance(self.max_num_seqs, bool)
+                                          or self.max_num_seqs < 1):
         raise ValueError(f"--max-num-seqs must be a positive integer, got {self.max_num_seqs!r}")
     if self.tp != 1 + len(self.worker_ips):
         raise ValueError(f"--tp {self.tp}: a DGX Spark has one GPU, so TP must equal the number of nodes ({1 + len(self.worker_ips)})")
-    if not self.oom_interval > 0: raise ValueError(f"--oom-interval must be > 0 seconds, got {self.oom_interval}")
+    iv = self.oom_interval
+    if isinstance(iv, bool) or not isinstance(iv, (int, float)) or not math.isfinite(iv) or not 0 < iv <= 3600:
+        raise ValueError(f"--oom-interval must be a number of seconds in (0, 3600], got {iv!r}")
+    if self.graphs not in GRAPH_MODES: raise ValueError(f"graphs must be one of {GRAPH_MODES}, got {self.graphs!r}")
+    from solar_open2.budget import KV_CACHE_DTYPES
+    if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
+    if self.capture_sizes is not None and (not self.capture_sizes or any(
+            not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in self.capture_sizes)):
+        raise ValueError(f"--cudagraph-capture-sizes must be positive integers, got {self.capture_sizes!r}")
     return self
 
 ServeOptions.validate = _validate
@@ -96,9 +126,16 @@ def to_argv(o:ServeOptions)->list:
         for s in o.worker_ssh: a += ["--worker-ssh", s]
     a += ["--ifname", o.ifname, "--model", o.model, "--venv", o.venv]
     for f in ("hca", "served_model_name", "kv_cache_memory_bytes", "max_model_len", "tp", "max_num_seqs",
-              "max_num_batched_tokens", "host", "port", "ray_port", "max_jobs", "oom_threshold", "oom_interval"):
+              "max_num_batched_tokens", "host", "port", "ray_port", "max_jobs", "oom_threshold", "oom_interval",
+              "kv_cache_dtype", "nccl_library"):
         v = getattr(o, f)
         if v != d[f].default: a += ["--" + f.replace("_", "-"), str(v)]
+    from solar_open2.budget import capture_sizes_for
+    if o.capture_sizes is not None and o.graphs != "off" and o.capture_sizes != capture_sizes_for(
+            o.max_num_seqs or 1, max_num_batched_tokens=o.max_num_batched_tokens):
+        a += ["--cudagraph-capture-sizes", *map(str, o.capture_sizes)]
+    if o.prefix_caching: a.append("--enable-prefix-caching")
+    if o.graphs != "auto": a.append("--graphs" if o.graphs == "on" else "--eager")
     if not o.parsers: a.append("--no-parsers")
     return a
 
@@ -132,8 +169,8 @@ _ROCE_GID = r'''roce_gid() {  # IFNAME -> "HCA GID_INDEX": its RoCE v2 GID, IPv4
 }
 '''
 
-_NODE_START = r'''node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VENV MAX_JOBS -- runs on the node, in a login shell
-    local role=$1 node_ip=$2 head_ip=$3 ray_port=$4 ifname=$5 hca=$6 venv=$7 max_jobs=$8 host=$HOSTNAME found tool
+_NODE_START = r'''node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VENV MAX_JOBS [NCCL_LIBRARY] -- runs on the node, in a login shell
+    local role=$1 node_ip=$2 head_ip=$3 ray_port=$4 ifname=$5 hca=$6 venv=$7 max_jobs=$8 nccl=${9:-} host=$HOSTNAME found tool
     if ! found=$(roce_gid "$ifname"); then
         echo "$host: no RoCE v2 GID on $ifname in /sys/class/infiniband (link down, or no IPv4 address on $ifname?)" >&2
         return 1
@@ -155,6 +192,13 @@ _NODE_START = r'''node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VEN
             return 1
         fi
     done
+    if [[ -n $nccl ]]; then
+        if [[ ! -f $nccl ]]; then
+            echo "$host: no NCCL library at $nccl (--nccl-library)" >&2
+            return 1
+        fi
+        export LD_PRELOAD=$nccl${LD_PRELOAD:+:$LD_PRELOAD}   # every Ray worker, hence vLLM and torch, loads this NCCL
+    fi
     export MAX_JOBS=$max_jobs VLLM_HOST_IP=$node_ip NCCL_SOCKET_IFNAME=$ifname GLOO_SOCKET_IFNAME=$ifname \
         NCCL_IB_HCA=$hca NCCL_IB_GID_INDEX=${found#* }
     ray stop >/dev/null 2>&1 || true
@@ -170,11 +214,11 @@ _NODE_START = r'''node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VEN
 _START_MAIN = r'''
 on_node() {  # SSH_HOST ROLE NODE_IP: run node_start there in a login shell ("" = this machine)
     local host=$1 script
-    script="set -euo pipefail; $(declare -f roce_gid node_start); node_start$(printf ' %q' "$2" "$3" "$HEAD_IP" "$RAY_PORT" "$IFNAME" "$HCA" "$VENV" "$MAX_JOBS")"
+    script="set -euo pipefail; $(declare -f roce_gid node_start); node_start$(printf ' %q' "$2" "$3" "$HEAD_IP" "$RAY_PORT" "$IFNAME" "$HCA" "$VENV" "$MAX_JOBS" "$NCCL_LIBRARY")"
     if [[ -z $host ]]; then
         bash -l -s <<<"$script"
     else
-        ssh -o BatchMode=yes "$host" bash -l -s <<<"$script"
+        ssh -o BatchMode=yes -- "$host" bash -l -s <<<"$script"
     fi
 }
 
@@ -204,13 +248,15 @@ def start_ray_cluster_sh(o:ServeOptions)->str:
     return (_header("start-ray-cluster.sh", "start Ray on the head, then on each worker over ssh", o) +
             f"HEAD_IP={_q(o.head_ip)}\nWORKER_IPS={_arr(o.worker_ips)}\nWORKER_SSH={_arr(o.worker_ssh)}\n"
             f"IFNAME={_q(o.ifname)}\nHCA={_q(o.hca or '')}  # empty: the RDMA device behind IFNAME, found on each node\n"
-            f"VENV={_q(o.venv)}\nRAY_PORT={o.ray_port}\nMAX_JOBS={o.max_jobs}\n\n" + _ROCE_GID + "\n" + _NODE_START + "\n" + _START_MAIN)
+            f"VENV={_q(o.venv)}\nRAY_PORT={o.ray_port}\nMAX_JOBS={o.max_jobs}\n"
+            f"NCCL_LIBRARY={_q(o.nccl_library or '')}  # empty: the NCCL of the venv's torch\n\n" + _ROCE_GID + "\n" + _NODE_START + "\n" + _START_MAIN)
 
 # %% ../nbs/10_serving.ipynb #3046a68c
 _PREFLIGHT_BODY = r'''mkdir -p "$LOG_DIR"
 manifest=$LOG_DIR/checkpoint-manifest.json
 common=(--node --model "$MODEL" --venv "$VENV" --ifname "$IFNAME" --tp "$TP" --kv-cache-memory-bytes "$KV_CACHE_MEMORY_BYTES"
-    --max-model-len "$MAX_MODEL_LEN" --max-jobs "$MAX_JOBS" --oom-threshold "$OOM_THRESHOLD")
+    --max-model-len "$MAX_MODEL_LEN" --kv-cache-dtype "$KV_CACHE_DTYPE" --max-jobs "$MAX_JOBS" --oom-threshold "$OOM_THRESHOLD"
+    --cudagraph-bytes "$CUDAGRAPH_BYTES")
 rc=0
 echo "== preflight: head $HEAD_IP"
 rm -f "$manifest"
@@ -222,7 +268,7 @@ for i in "${!WORKER_IPS[@]}"; do
         rc=1
         continue
     fi
-    ssh -o BatchMode=yes "${WORKER_SSH[$i]}" "$(printf '%q ' "$VENV/bin/solar-open2" preflight "${common[@]}" \
+    ssh -o BatchMode=yes -- "${WORKER_SSH[$i]}" "$(printf '%q ' "$VENV/bin/solar-open2" preflight "${common[@]}" \
         --node-ip "${WORKER_IPS[$i]}" --manifest -)" <"$manifest" || rc=1
 done
 exit "$rc"
@@ -238,8 +284,15 @@ def preflight_sh(o:ServeOptions)->str:
     "preflight.sh: `solar-open2 preflight --node` on every node, the checkpoint manifest compared across nodes."
     return (_header("preflight.sh", "check every node before a boot (seconds, instead of minutes into the boot)", o) +
             _common_vars(o) + f"IFNAME={_q(o.ifname)}\nMODEL={_q(o.model)}\nTP={o.tp}\n"
-            f"KV_CACHE_MEMORY_BYTES={o.kv_cache_memory_bytes}\nMAX_MODEL_LEN={o.max_model_len}\nMAX_JOBS={o.max_jobs}\n"
-            f"OOM_THRESHOLD={o.oom_threshold}\n" + _HERE + "\n" + _PREFLIGHT_BODY)
+            f"KV_CACHE_MEMORY_BYTES={o.kv_cache_memory_bytes}\nMAX_MODEL_LEN={o.max_model_len}\nKV_CACHE_DTYPE={_q(o.kv_cache_dtype)}\n"
+            f"MAX_JOBS={o.max_jobs}\nOOM_THRESHOLD={o.oom_threshold}\n"
+            f"CUDAGRAPH_BYTES={_graph_bytes(o)}  # CUDA-graph memory (estimate), counted in each node's need\n"
+            + _HERE + "\n" + _PREFLIGHT_BODY)
+
+def _graph_bytes(o:ServeOptions)->int:
+    "The CUDA-graph memory the budget counts for these options (0 when serving eager)."
+    from solar_open2.budget import cudagraph_bytes
+    return 0 if o.graphs == "off" else cudagraph_bytes(o.capture_sizes or [1])
 
 # %% ../nbs/10_serving.ipynb #11b6c5f0
 _SERVE_BODY = r'''mkdir -p "$LOG_DIR"
@@ -253,7 +306,7 @@ fi
 # 1. page cache: on unified memory it competes with the GPU for the same RAM
 purge() {  # SSH_HOST ("" = this machine)
     local cmd='sync && echo 1 | sudo -n tee /proc/sys/vm/drop_caches >/dev/null'
-    if [[ -z $1 ]]; then bash -c "$cmd"; else ssh -o BatchMode=yes "$1" "$cmd"; fi
+    if [[ -z $1 ]]; then bash -c "$cmd"; else ssh -o BatchMode=yes -- "$1" "$cmd"; fi
 }
 for node in "" "${WORKER_SSH[@]}"; do
     if ! purge "$node"; then
@@ -267,8 +320,30 @@ echo "page cache purged on $((${#WORKER_SSH[@]} + 1)) nodes"
 if [[ ${SKIP_PREFLIGHT:-0} != 1 ]]; then
     "$HERE/preflight.sh"
 fi
+'''
 
-# 3. the server
+_GRAPH_GATE = r'''
+# 3. CUDA graphs only if the NCCL that every node's vLLM loads replays cross-node graphs (>= MIN_NCCL)
+nccl_ok() {  # SSH_HOST ("" = this machine): prints that node's NCCL line; fails if it is too old or unknown
+    local cmd
+    cmd=$(printf '%q ' "$VENV/bin/solar-open2" preflight --node --nccl --venv "$VENV" --min-nccl "$MIN_NCCL")
+    if [[ -z $1 ]]; then bash -c "$cmd"; else ssh -o BatchMode=yes -- "$1" "$cmd"; fi
+}
+graphs=on
+for node in "" "${WORKER_SSH[@]}"; do
+    if ! nccl_ok "$node"; then graphs=off; fi
+done
+if [[ $graphs == on ]]; then
+    SERVE_ARGS+=("${GRAPH_ARGS[@]}")
+    echo "CUDA graphs on: every node loads NCCL >= $MIN_NCCL"
+else
+    SERVE_ARGS+=(--enforce-eager)
+    echo "serving eager (--enforce-eager): a node's NCCL is older than $MIN_NCCL or unknown (above)" >&2
+fi
+'''
+
+_SERVER = r'''
+# 4. the server
 # shellcheck disable=SC1091  # the venv exists on the nodes, not where this script is checked
 source "$VENV/bin/activate"
 export VLLM_HOST_IP=$HEAD_IP
@@ -279,7 +354,7 @@ pid=$!
 echo "$pid" >"$PIDFILE"
 tail -n +1 -f --pid="$pid" "$LOG" &
 
-# 4. the watchdog
+# 5. the watchdog
 "$HERE/oom-guard.sh" "$pid" &
 guard=$!
 trap 'kill "$guard" 2>/dev/null || true; rm -f "$PIDFILE"' EXIT
@@ -292,21 +367,36 @@ echo "vllm serve exited with status $rc (log: $LOG)"
 exit "$rc"
 '''
 
+def _arg_lines(args:list)->str:
+    "One `--flag value...` group per line (the model first), every value quoted."
+    groups, cur = [], [_q(args[0])]
+    for a in args[1:]:
+        if a.startswith("--"): groups.append(cur); cur = [a]
+        else: cur.append(_q(a))
+    return "".join(f"    {' '.join(g)}\n" for g in groups + [cur])
+
 def serve_sh(o:ServeOptions)->str:
-    "serve.sh: purge page caches, preflight every node, `vllm serve` TP over Ray, oom-guard alongside."
-    if o.max_num_seqs is None: raise ValueError("max_num_seqs is not resolved: call resolve_options(opts) first")
+    "serve.sh: purge page caches, preflight every node, CUDA graphs or eager, `vllm serve` TP over Ray, oom-guard alongside."
+    if o.max_num_seqs is None or o.capture_sizes is None:
+        raise ValueError("max_num_seqs / capture_sizes are not resolved: call resolve_options(opts) first")
     args = [o.model, "--served-model-name", o.served_model_name, "--host", o.host, "--port", str(o.port),
-            "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(o.tp), "--enforce-eager",
+            "--distributed-executor-backend", "ray", "--tensor-parallel-size", str(o.tp),
             "--kv-cache-memory-bytes", str(o.kv_cache_memory_bytes), "--max-model-len", str(o.max_model_len),
             "--max-num-seqs", str(o.max_num_seqs), "--max-num-batched-tokens", str(o.max_num_batched_tokens)]
+    if o.kv_cache_dtype != "auto": args += ["--kv-cache-dtype", o.kv_cache_dtype]
+    if o.prefix_caching: args.append("--enable-prefix-caching")
     if o.parsers: args += ["--reasoning-parser", "solar_open2", "--tool-call-parser", "solar_open2", "--enable-auto-tool-choice"]
-    pairs, i = [], 1
-    pairs.append(_q(args[0]))
-    while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"): pairs.append(f"{args[i]} {_q(args[i + 1])}"); i += 2
-        else: pairs.append(args[i]); i += 1
+    graph_args = ["--cudagraph-capture-sizes", *map(str, o.capture_sizes)]
+    if o.graphs == "on": args += graph_args
+    if o.graphs == "off": args.append("--enforce-eager")
+    gate = ""
+    if o.graphs == "auto":
+        gate = (f"MIN_NCCL={'.'.join(map(str, NCCL_MIN))}\nGRAPH_ARGS=({' '.join(_q(a) for a in graph_args)})  "
+                "# added when every node's NCCL allows CUDA graphs, else --enforce-eager\n")
     return (_header("serve.sh", "purge page caches, preflight, then vllm serve (TP over Ray) watched by oom-guard.sh", o) +
-            f"HEAD_IP={_q(o.head_ip)}\nWORKER_SSH={_arr(o.worker_ssh)}\nVENV={_q(o.venv)}\n" + "SERVE_ARGS=(\n" + "".join(f"    {p}\n" for p in pairs) + ")\n" + _HERE + "\n" + _SERVE_BODY)
+            f"HEAD_IP={_q(o.head_ip)}\nWORKER_SSH={_arr(o.worker_ssh)}\nVENV={_q(o.venv)}\n" + gate +
+            "SERVE_ARGS=(\n" + _arg_lines(args) + ")\n" + _HERE + "\n" + _SERVE_BODY +
+            (_GRAPH_GATE if o.graphs == "auto" else "") + _SERVER)
 
 # %% ../nbs/10_serving.ipynb #f081d364
 _GUARD_BODY = r'''mkdir -p "$LOG_DIR"
@@ -327,7 +417,7 @@ avail_kb() {  # SSH_HOST ("" = this machine) -> MemAvailable in kB
     if [[ -z $1 ]]; then
         awk '$1 == "MemAvailable:" { print $2; exit }' "$PROC/meminfo"
     else
-        ssh -o BatchMode=yes -o ConnectTimeout=5 "$1" cat /proc/meminfo | awk '$1 == "MemAvailable:" { print $2; exit }'
+        ssh -o BatchMode=yes -o ConnectTimeout=5 -- "$1" cat /proc/meminfo | awk '$1 == "MemAvailable:" { print $2; exit }'
     fi
 }
 
@@ -391,7 +481,7 @@ stop_node() {  # VENV -- runs on the node: `ray stop`, then engine processes lef
 on_node() {  # SSH_HOST ("" = this machine)
     local script
     script="$(declare -f stop_node); stop_node $(printf '%q' "$VENV")"
-    if [[ -z $1 ]]; then bash -s <<<"$script"; else ssh -o BatchMode=yes "$1" bash -s <<<"$script"; fi
+    if [[ -z $1 ]]; then bash -s <<<"$script"; else ssh -o BatchMode=yes -- "$1" bash -s <<<"$script"; fi
 }
 
 if [[ -s $PIDFILE ]]; then
@@ -424,9 +514,22 @@ def generate_scripts(o:ServeOptions)->dict:
     return {"start-ray-cluster.sh": start_ray_cluster_sh(o), "preflight.sh": preflight_sh(o), "serve.sh": serve_sh(o),
             "oom-guard.sh": oom_guard_sh(o), "stop.sh": stop_sh(o)}
 
-def write_scripts(scripts:dict, out)->list:
-    "Write the scripts into `out` (created if needed), mode 755; returns the paths."
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
+_GENERATED = "# Generated by `solar-open2 scripts`"
+
+def write_scripts(scripts:dict, out, force:bool=False)->list:
+    "Write the scripts into `out` (created if needed), mode 755; refuses to replace a file it did not generate unless `force`."
+    out = Path(out)
+    if out.exists() and not out.is_dir(): raise ValueError(f"--out {out}: exists and is not a directory")
+    for name in scripts:
+        p = out / name
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            raise ValueError(f"--out: {p} is not a regular file; not replacing it")
+        if p.exists() and not force:
+            try: head = p.read_text(errors="replace").splitlines()[:4]
+            except OSError as e: raise ValueError(f"--out: cannot read {p} ({e}); not replacing it") from None
+            if not any(l.startswith(_GENERATED) for l in head):
+                raise ValueError(f"--out: {p} exists and was not generated by solar-open2 scripts; move it away or pass --force")
+    out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, text in scripts.items():
         p = out / name; p.write_text(text); p.chmod(0o755); paths.append(p)
@@ -507,9 +610,9 @@ for ep in eps:
 print(json.dumps(out))
 '''
 
-def _run(cmd:list, timeout:float=300)->subprocess.CompletedProcess:
-    "The default command runner of the probes."
-    try: return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+def _run(cmd:list, timeout:float=300, env:dict|None=None)->subprocess.CompletedProcess:
+    "The default command runner of the probes (`env`: the whole environment of the command)."
+    try: return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as e: return subprocess.CompletedProcess(cmd, 127, "", str(e))
 
 def _plugins_filter(value, where:str)->list:
@@ -556,6 +659,35 @@ def check_linger(user:str|None=None, root="/")->list:
     if (Path(root) / "var/lib/systemd/linger" / user).exists(): return []
     return [f"linger: loginctl linger is off for {user}: its raylet dies when the ssh session ends and the placement "
             f"group waits forever; run `sudo loginctl enable-linger {user}`"]
+
+# %% ../nbs/10_serving.ipynb #c7a48626
+def logind_setting(key:str, root="/", default:str|None=None)->str|None:
+    "The value systemd-logind reads for `key` in [Login]: logind.conf, then the logind.conf.d drop-ins in name order."
+    base, drop = Path(root), {}
+    for d in ("usr/lib", "lib", "run", "etc"):                         # later directories override same-named drop-ins
+        for f in sorted((base / d / "systemd/logind.conf.d").glob("*.conf")): drop[f.name] = f
+    value = default
+    for f in [base / "etc/systemd/logind.conf"] + [drop[n] for n in sorted(drop)]:
+        try: text = f.read_text()
+        except OSError: continue
+        section = None
+        for line in text.splitlines():
+            s = line.strip()
+            if not s or s[0] in "#;": continue
+            if s.startswith("["): section = s.strip("[]").strip(); continue
+            k, eq, v = s.partition("=")
+            if eq and section == "Login" and k.strip() == key: value = v.strip()
+    return value
+
+def check_remove_ipc(user:str|None=None, root="/")->list:
+    "systemd-logind does not remove the user's IPC objects when its last session ends (RemoveIPC=no)."
+    user = user or getpass.getuser()
+    v = logind_setting("RemoveIPC", root, "yes")
+    if user == "root" or v.lower() in ("no", "false", "0", "off"): return []
+    return [f"logind: RemoveIPC={v}{' (the default)' if v == 'yes' else ''}: when {user}'s last login session ends, "
+            f"systemd-logind deletes {user}'s shared memory and semaphores, which NCCL and the engine's worker processes "
+            "still use; put RemoveIPC=no under [Login] in /etc/systemd/logind.conf.d/90-solar-open2.conf and run "
+            "`sudo systemctl restart systemd-logind`"]
 
 # %% ../nbs/10_serving.ipynb #46f34e93
 ENGINE_MARKERS = ("VLLM::", "RayWorkerProc", "RayWorkerWrapper", "vllm serve")
@@ -617,6 +749,72 @@ def fake_proc(root, procs:dict)->Path:
         (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
     return Path(root)
 
+# %% ../nbs/10_serving.ipynb #ce596ba2
+NCCL_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "VLLM_NCCL_SO_PATH")   # what decides which libnccl a rank loads
+
+_NCCL_PROBE = r'''
+import ctypes, importlib.metadata as md, json, os
+out = {"torch": None, "paths": [], "so_path": os.environ.get("VLLM_NCCL_SO_PATH") or None, "so_version": None,
+       "package": None, "package_version": None, "packages": [], "error": None}
+try:
+    import torch
+    out["torch"] = [int(x) for x in tuple(torch.cuda.nccl.version())[:3]]
+except Exception as e: out["error"] = f"torch: {type(e).__name__}: {e}"
+try:
+    with open("/proc/self/maps") as f: out["paths"] = sorted({l.split()[-1] for l in f if "/libnccl" in l})
+except OSError: pass
+if out["so_path"]:
+    try:
+        lib, v = ctypes.CDLL(out["so_path"]), ctypes.c_int()
+        if lib.ncclGetVersion(ctypes.byref(v)) == 0: out["so_version"] = [v.value // 10000, v.value // 100 % 100, v.value % 100]
+    except (OSError, AttributeError) as e: out["error"] = f"VLLM_NCCL_SO_PATH: {e}"
+real = {os.path.realpath(p) for p in out["paths"]}
+for d in md.distributions():
+    name = d.metadata["Name"] or ""
+    if not name.lower().replace("_", "-").startswith("nvidia-nccl"): continue
+    out["packages"].append([name, d.version])
+    if any(os.path.realpath(str(d.locate_file(f))) in real for f in (d.files or []) if "libnccl" in str(f)):
+        out["package"], out["package_version"] = name, d.version
+print(json.dumps(out))
+'''
+
+def _ver(v)->str: return ".".join(map(str, v))
+
+def nccl_probe(venv:str, env:dict|None=None, run=_run)->dict:
+    "What the venv's Python loads as NCCL with `env` (NCCL_ENV values; None: unset): torch's version, mapped files, pip package."
+    py = Path(venv) / "bin/python"
+    if not py.exists(): return {"error": f"no Python at {py}"}
+    e = {k: v for k, v in os.environ.items() if k not in NCCL_ENV}
+    e.update({k: v for k, v in (env or {}).items() if k in NCCL_ENV and v})
+    r = run([str(py), "-c", _NCCL_PROBE], env=e)
+    try: return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"the probe failed under {py} (exit {r.returncode}): {(r.stderr.strip().splitlines() or ['no output'])[-1]}"}
+
+def check_nccl(venv:str, min_version=NCCL_MIN, root="/", run=_run)->tuple:
+    "(True if the NCCL this node's vLLM ranks load replays cross-node CUDA graphs, one line saying which and why)."
+    rl = raylet_envs(root)
+    env = rl[0][1] if len(rl) == 1 else dict(os.environ)
+    where = "the raylet's environment" if len(rl) == 1 else "this shell's environment (no single raylet running)"
+    d = nccl_probe(venv, {k: env.get(k) for k in NCCL_ENV}, run)
+    want = ".".join(map(str, min_version))
+    via_so = bool(d.get("so_path"))
+    ver = d.get("so_version") if via_so else d.get("torch")
+    lib = d["so_path"] if via_so else (", ".join(d.get("paths") or []) or "path unknown")
+    pkg = f", pip {d['package']} {d['package_version']}" if d.get("package") else ""
+    if ver is None:
+        return False, (f"nccl: cannot tell which NCCL vLLM loads in {venv} ({d.get('error') or 'no version'}; {where}): "
+                       f"serving eager; check the venv, or generate the scripts with --graphs to force CUDA graphs")
+    got = f"NCCL {_ver(ver)} ({lib}{pkg}; {where})"
+    if tuple(ver) >= tuple(min_version): return True, f"nccl: {got}: CUDA graphs across nodes are safe (>= {want})"
+    if via_so: fix = f"point VLLM_NCCL_SO_PATH at an NCCL >= {want}"
+    else:
+        name = d.get("package") or (d["packages"][0][0] if d.get("packages") else "nvidia-nccl-cu13")
+        fix = (f"pip install -U '{name}>={want}' into {venv} on every node (torch pins an older one; pip warns, vLLM runs), "
+               f"or preload a system NCCL >= {want}: solar-open2 scripts ... --nccl-library /usr/lib/aarch64-linux-gnu/libnccl.so.2")
+    return False, (f"nccl: {got} is older than {want}, the first that replays cross-node CUDA graphs without deadlocking "
+                   f"on GB10: serving eager; to fix: {fix}; or --graphs to force them")
+
 # %% ../nbs/10_serving.ipynb #6b753006
 def mem_available(root="/")->int|None:
     "MemAvailable of ROOT/proc/meminfo in bytes (None if unreadable)."
@@ -667,7 +865,7 @@ def node_preflight(model:str|None=None, # checkpoint directory on this node
                    venv:str|None=None, # the virtualenv vLLM runs in
                    node_ip:str|None=None, # this node's RoCE address (VLLM_HOST_IP)
                    ifname:str|None=None, # the RoCE interface
-                   need_bytes:int|None=None, # MemAvailable the boot needs (from the budget)
+                   need_bytes:int|None=None, # MemAvailable the boot needs (from the budget: weights, pool, graphs, guard)
                    need_detail:str="", # how `need_bytes` was made up, for the message
                    manifest:dict|None=None, # the head's checkpoint manifest, to compare against
                    max_jobs:int=4, # the MAX_JOBS planned for the raylet
@@ -683,6 +881,7 @@ def node_preflight(model:str|None=None, # checkpoint directory on this node
     if venv: out += check_venv(venv, run)
     out += check_tools(login_path(run) if path is None else path, venv)
     out += check_linger(user, root)
+    out += check_remove_ipc(user, root)
     gid = None
     if ifname:
         gid = roce_gid(ifname, root)
@@ -705,30 +904,48 @@ def budget_plan(o:ServeOptions):
     "The budget chapter's plan for these options (block size, blocks, concurrency, per-rank weights, node headroom)."
     from solar_open2.budget import plan
     return plan(tp=o.tp, kv_cache_memory_bytes=o.kv_cache_memory_bytes, max_model_len=o.max_model_len,
-                max_num_seqs=o.max_num_seqs or 1)
+                kv_cache_dtype=o.kv_cache_dtype, prefix_caching=o.prefix_caching, max_num_seqs=o.max_num_seqs or 1,
+                cudagraph_bytes=_graph_bytes(o))
 
 def resolve_options(o:ServeOptions)->tuple:
-    "(options with every default filled from the budget, the plan, warnings); ValueError if vLLM would refuse the pool."
-    p = budget_plan(o)                      # once: max_num_seqs does not change the pool
+    "(options with every default filled from the budget, the plan, warnings); ValueError if vLLM or the nodes would refuse."
+    from solar_open2.budget import capture_sizes_for
+    p = budget_plan(o)                      # the pool does not depend on max_num_seqs; only the graphs' estimate might
     if not p.fits:
         raise ValueError(f"--kv-cache-memory-bytes {o.kv_cache_memory_bytes:,} cannot hold one request of --max-model-len "
                          f"{o.max_model_len:,}: it needs {p.kv_bytes_per_request:,} bytes (vLLM would refuse after loading the weights)")
+    if o.prefix_caching and p.block_size > o.max_num_batched_tokens:
+        raise ValueError(f"--enable-prefix-caching: the {p.block_size:,}-token block exceeds --max-num-batched-tokens "
+                         f"{o.max_num_batched_tokens:,} (vLLM refuses align mode then); raise --max-num-batched-tokens")
     if o.max_num_seqs is None: o = dataclasses.replace(o, max_num_seqs=max(1, min(p.max_resident_seqs, DEFAULT_MAX_NUM_SEQS)))
-    p.max_num_seqs = o.max_num_seqs
+    if o.capture_sizes is None:
+        o = dataclasses.replace(o, capture_sizes=capture_sizes_for(o.max_num_seqs, max_num_batched_tokens=o.max_num_batched_tokens))
+    p = budget_plan(o)
+    if o.oom_threshold >= p.node.total_bytes:
+        raise ValueError(f"--oom-threshold {o.oom_threshold / GiB:.1f} GiB is not below the node's {p.node.total_bytes / GiB:.1f} GiB: "
+                         "the guard would stop the server at once")
+    for h in (p.head, p.worker):
+        if h["available_bytes"] < 0:
+            raise ValueError(f"the {h['role']} would need {h['used_bytes'] / GiB:,.1f} GiB (weights {p.weights_per_rank_bytes / GiB:.1f} "
+                             f"+ --kv-cache-memory-bytes {o.kv_cache_memory_bytes / GiB:,.1f} + CUDA graphs {p.cudagraph_bytes / GiB:,.2f} "
+                             f"+ runtime {h['overhead_bytes'] / GiB:.1f} GiB), more than the {p.node.total_bytes / GiB:.1f} GiB a DGX Spark has")
     warn = []
     if o.max_num_seqs > p.max_resident_seqs:
         warn.append(f"--max-num-seqs {o.max_num_seqs} exceeds the {p.max_resident_seqs} requests the KV pool can hold at once")
     for h in (p.head, p.worker):
         if h["available_bytes"] < o.oom_threshold:
-            warn.append(f"the {h['role']} is predicted to have {h['available_bytes'] / GiB:.1f} GiB available after the boot, under "
+            graphs = f" (CUDA graphs included: {p.cudagraph_bytes / GiB:.2f} GiB, estimate)" if p.cudagraph_bytes else ""
+            warn.append(f"the {h['role']} is predicted to have {h['available_bytes'] / GiB:.1f} GiB available after the boot{graphs}, under "
                         f"the {o.oom_threshold / GiB:.1f} GiB oom-guard threshold: the guard will stop the server")
     return o, p, warn
 
 def memory_need(o:ServeOptions, p=None)->tuple:
-    "(bytes MemAvailable must cover before the boot, how they add up): weights per rank + KV pool + oom-guard threshold."
+    "(bytes MemAvailable must cover before the boot, how they add up): weights per rank + KV pool + CUDA graphs + oom-guard threshold."
     p = p or budget_plan(o)
-    need = p.weights_per_rank_bytes + o.kv_cache_memory_bytes + o.oom_threshold
+    g = _graph_bytes(o)
+    need = p.weights_per_rank_bytes + o.kv_cache_memory_bytes + g + o.oom_threshold
     return need, (f"weights {p.weights_per_rank_bytes / GiB:.1f} GiB + KV pool {o.kv_cache_memory_bytes / GiB:.1f} GiB + "
+                  + (f"CUDA graphs {g / GiB:.2f} GiB + " if g else "") +
                   f"oom-guard {o.oom_threshold / GiB:.1f} GiB; the runtime overhead comes on top")
 
 # %% ../nbs/10_serving.ipynb #f5da4320
@@ -741,11 +958,20 @@ def _int_arg(s:str)->int:
     try: return _size(s)
     except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
 
-def _scripts_parser():
+class _ArgError(Exception): pass
+
+def _parser(prog:str, **kw):
+    "An ArgumentParser whose errors are one exception (one line), not argparse's usage text and exit."
     import argparse
-    ap = argparse.ArgumentParser(prog="solar-open2 scripts", description="Write the two-Spark serving scripts "
-                                 "(start-ray-cluster.sh, preflight.sh, serve.sh, oom-guard.sh, stop.sh).")
+    class P(argparse.ArgumentParser):
+        def error(self, message): raise _ArgError(message)
+    return P(prog=prog, **kw)
+
+def _scripts_parser():
+    ap = _parser("solar-open2 scripts", description="Write the two-Spark serving scripts "
+                 "(start-ray-cluster.sh, preflight.sh, serve.sh, oom-guard.sh, stop.sh).")
     ap.add_argument("--out", required=True, help="directory to write the scripts into")
+    ap.add_argument("--force", action="store_true", help="replace files in --out that these scripts did not write")
     ap.add_argument("--preset", choices=tuple(PRESETS), default="published",
                     help="published: 28e9 KV pool at 1M context; margin: 8e9 at 256K")
     ap.add_argument("--head-ip", required=True, help="head node's address on the RoCE link")
@@ -758,6 +984,16 @@ def _scripts_parser():
     ap.add_argument("--served-model-name", default="solar-open2")
     ap.add_argument("--kv-cache-memory-bytes", type=_int_arg, help="KV pool per rank, vLLM notation (default: the preset's)")
     ap.add_argument("--max-model-len", type=_int_arg, help="context length (default: the preset's)")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto (BF16) or fp8: an FP8 KV cache holds twice the tokens at 1M")
+    ap.add_argument("--enable-prefix-caching", action="store_true",
+                    help="reuse shared prefixes (vLLM's align mode for the KDA state: hits in whole blocks)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--graphs", dest="graphs", action="store_const", const="on",
+                   help="always serve with CUDA graphs (default: when every node's NCCL is >= 2.30.4)")
+    g.add_argument("--eager", dest="graphs", action="store_const", const="off", help="always serve eager (--enforce-eager)")
+    ap.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", help="default: powers of two up to --max-num-seqs")
+    ap.add_argument("--nccl-library", help="a libnccl.so.2 (>= 2.30.4) the raylets preload instead of the venv's, "
+                    "e.g. /usr/lib/aarch64-linux-gnu/libnccl.so.2")
     ap.add_argument("--tp", type=int, help="tensor parallel size (default: the number of nodes)")
     ap.add_argument("--max-num-seqs", type=int, help=f"default: what the pool holds, at most {DEFAULT_MAX_NUM_SEQS}")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -770,28 +1006,41 @@ def _scripts_parser():
     return ap
 
 def options_from_args(a)->ServeOptions:
-    "ServeOptions from parsed `solar-open2 scripts` arguments (preset values unless overridden)."
+    "ServeOptions from parsed `solar-open2 scripts` arguments (preset values only where an option is not given)."
     pre = PRESETS[a.preset]
+    given = lambda v, default: default if v is None else v      # 0 is given, and refused, not replaced
     return ServeOptions(head_ip=a.head_ip, worker_ips=a.worker_ip, worker_ssh=a.worker_ssh, ifname=a.ifname, model=a.model,
                         venv=a.venv, hca=a.hca, served_model_name=a.served_model_name,
-                        kv_cache_memory_bytes=a.kv_cache_memory_bytes or pre["kv_cache_memory_bytes"],
-                        max_model_len=a.max_model_len or pre["max_model_len"], tp=a.tp or 1 + len(a.worker_ip),
+                        kv_cache_memory_bytes=given(a.kv_cache_memory_bytes, pre["kv_cache_memory_bytes"]),
+                        max_model_len=given(a.max_model_len, pre["max_model_len"]), tp=given(a.tp, 1 + len(a.worker_ip)),
                         max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, host=a.host,
                         port=a.port, ray_port=a.ray_port, max_jobs=a.max_jobs, oom_threshold=a.oom_threshold,
-                        oom_interval=a.oom_interval, parsers=not a.no_parsers)
+                        oom_interval=a.oom_interval, parsers=not a.no_parsers, graphs=a.graphs or "auto",
+                        kv_cache_dtype=a.kv_cache_dtype, prefix_caching=a.enable_prefix_caching,
+                        nccl_library=a.nccl_library, capture_sizes=a.cudagraph_capture_sizes)
+
+def _one_line(e)->str: return (str(e).splitlines() or [type(e).__name__])[0]
 
 def cli_scripts(argv:list|None=None)->int:
     "`solar-open2 scripts --out DIR ...`: write the serving scripts for two (or more) DGX Sparks."
     ap = _scripts_parser()
-    try: a = ap.parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    try: o, p, warn = resolve_options(options_from_args(a))
-    except ValueError as e: print(f"solar-open2 scripts: {e}", file=sys.stderr); return 2
-    paths = write_scripts(generate_scripts(o), a.out)
+    try:
+        a = ap.parse_args(argv)
+        if not a.out.strip(): raise ValueError("--out: an empty directory name")
+        o, p, warn = resolve_options(options_from_args(a))
+        paths = write_scripts(generate_scripts(o), a.out, a.force)
+    except SystemExit as e: return int(e.code or 0)                    # --help
+    except (_ArgError, ValueError, OSError) as e: print(f"solar-open2 scripts: error: {_one_line(e)}", file=sys.stderr); return 2
     print(f"wrote {', '.join(x.name for x in paths)} to {a.out}")
+    kv = f", KV {o.kv_cache_dtype}" if o.kv_cache_dtype != "auto" else ""
     print(f"TP{o.tp}, --kv-cache-memory-bytes {o.kv_cache_memory_bytes:,}, --max-model-len {o.max_model_len:,}, "
-          f"--max-num-seqs {o.max_num_seqs}: block {p.block_size} tokens, {p.num_blocks:,} blocks")
+          f"--max-num-seqs {o.max_num_seqs}{kv}{', prefix caching' if o.prefix_caching else ''}: "
+          f"block {p.block_size} tokens, {p.num_blocks:,} blocks")
     for l in p.log_lines: print(f"  vLLM will log: {l}")
+    graphs = {"auto": f"CUDA graphs if every node's NCCL is >= {_ver(NCCL_MIN)} (serve.sh checks), else eager",
+              "on": "CUDA graphs (forced)", "off": "eager (forced)"}[o.graphs]
+    sizes = f", capture sizes {o.capture_sizes} ({p.cudagraph_bytes / GiB:.2f} GiB, estimate)" if o.graphs != "off" else ""
+    print(f"  {graphs}{sizes}")
     print(f"  per rank: weights {p.weights_per_rank_bytes / GiB:.2f} GiB; predicted MemAvailable after the boot: "
           f"head {p.head['available_bytes'] / GiB:.1f} GiB, worker {p.worker['available_bytes'] / GiB:.1f} GiB "
           f"(oom-guard at {o.oom_threshold / GiB:.1f} GiB)")
@@ -803,7 +1052,7 @@ def cli_scripts(argv:list|None=None)->int:
 def node_preflight_main(argv:list|None=None)->int:
     "`solar-open2 preflight --node ...`: check this node before a boot; exit 1 with one line per problem."
     import argparse
-    ap = argparse.ArgumentParser(prog="solar-open2 preflight --node", description=node_preflight_main.__doc__)
+    ap = _parser("solar-open2 preflight --node", description=node_preflight_main.__doc__)
     ap.add_argument("--node", action="store_true", help="(the switch that selects this check)")
     ap.add_argument("--model", help="checkpoint directory on this node")
     ap.add_argument("--venv", default=sys.prefix, help="virtualenv vLLM runs in (default: this one)")
@@ -812,23 +1061,42 @@ def node_preflight_main(argv:list|None=None)->int:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--kv-cache-memory-bytes", type=_int_arg, default=PUBLISHED["kv_cache_memory_bytes"])
     ap.add_argument("--max-model-len", type=_int_arg, default=PUBLISHED["max_model_len"])
+    ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--oom-threshold", type=_int_arg, default=8 * GiB)
+    ap.add_argument("--cudagraph-bytes", type=_int_arg, default=0, help="CUDA-graph memory to count in the need (estimate)")
     ap.add_argument("--max-jobs", type=int, default=4)
     ap.add_argument("--manifest", help="the head's checkpoint manifest to compare with (- = stdin)")
     ap.add_argument("--write-manifest", help="write this node's checkpoint manifest here")
     ap.add_argument("--no-ray", action="store_true", help="skip the raylet checks (before start-ray-cluster.sh)")
-    ap.add_argument("--root", default="/", help=argparse.SUPPRESS)      # tests: fake /sys, /proc, /var trees
+    ap.add_argument("--nccl", action="store_true", help="only say whether this node's NCCL allows CUDA graphs across nodes "
+                    "(exit 0) or not (exit 1), in one line")
+    ap.add_argument("--min-nccl", default=_ver(NCCL_MIN), help="the NCCL version --nccl requires")
+    ap.add_argument("--root", default="/", help=argparse.SUPPRESS)      # tests: fake /sys, /proc, /etc, /var trees
     ap.add_argument("--path", help=argparse.SUPPRESS)                   # tests: the login PATH
     ap.add_argument("--user", help=argparse.SUPPRESS)                   # tests: whose linger
+    err = lambda m: (print(f"solar-open2 preflight --node: error: {_one_line(m)}", file=sys.stderr), 2)[1]
     try: a = ap.parse_args(argv)
     except SystemExit as e: return int(e.code or 0)
-    err = lambda m: (print(f"solar-open2 preflight --node: {m}", file=sys.stderr), 2)[1]
+    except _ArgError as e: return err(e)
+    host = os.uname().nodename
+    if a.nccl:
+        try: want = tuple(int(x) for x in a.min_nccl.split("."))
+        except ValueError: return err(f"--min-nccl {a.min_nccl!r} is not a version like 2.30.4")
+        ok, line = check_nccl(a.venv, want, a.root)
+        print(f"{host}: {line}")
+        return 0 if ok else 1
     try:
-        from solar_open2.budget import plan
-        p = plan(tp=a.tp, kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len)
+        from solar_open2.budget import plan, kv_dtype_bytes
+        kv_dtype_bytes(a.kv_cache_dtype)
+        p = plan(tp=a.tp, kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
+                 kv_cache_dtype=a.kv_cache_dtype)
+        if a.cudagraph_bytes < 0: raise ValueError(f"--cudagraph-bytes must be >= 0, got {a.cudagraph_bytes}")
+        if a.oom_threshold <= 0: raise ValueError(f"--oom-threshold must be positive, got {a.oom_threshold}")
     except ValueError as e: return err(e)
-    need = p.weights_per_rank_bytes + a.kv_cache_memory_bytes + a.oom_threshold
+    g = a.cudagraph_bytes
+    need = p.weights_per_rank_bytes + a.kv_cache_memory_bytes + g + a.oom_threshold
     detail = (f"weights {p.weights_per_rank_bytes / GiB:.1f} GiB + KV pool {a.kv_cache_memory_bytes / GiB:.1f} GiB + "
+              + (f"CUDA graphs {g / GiB:.2f} GiB + " if g else "") +
               f"oom-guard {a.oom_threshold / GiB:.1f} GiB; the runtime overhead comes on top")
     manifest = None
     if a.manifest:
@@ -837,7 +1105,8 @@ def node_preflight_main(argv:list|None=None)->int:
             if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict): raise ValueError("no 'files' table")
         except (OSError, ValueError) as e: return err(f"--manifest {a.manifest}: not a readable checkpoint manifest ({e})")
     if a.write_manifest and a.model and Path(a.model).is_dir():
-        Path(a.write_manifest).write_text(json.dumps(checkpoint_manifest(a.model)) + "\n")
+        try: Path(a.write_manifest).write_text(json.dumps(checkpoint_manifest(a.model)) + "\n")
+        except OSError as e: return err(f"--write-manifest {a.write_manifest}: cannot write it ({e.strerror or e})")
     problems = node_preflight(a.model, a.venv, a.node_ip, a.ifname, need, detail, manifest, a.max_jobs, not a.no_ray,
                               a.root, a.path, user=a.user)
     for l in problems: print(l)

@@ -43,6 +43,23 @@ def test_margin_configuration():
     assert json.loads(r.stdout)["log_lines"][1].endswith("1.31x")
 
 
+def test_fp8_and_speculative_json():
+    r = budget("--tp", "2", "--kv-cache-dtype", "fp8", "--kv-cache-memory-bytes", "28g", "--max-model-len", "1M",
+               "--enable-prefix-caching", "--num-speculative-tokens", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert (j["block_size"], j["kda_blocks_per_request"], j["num_speculative_blocks"], j["mamba_cache_mode"]) == (2192, 15, 3, "align")
+
+
+def test_gpu_plan_json():
+    r = budget("--gpu", "b200", "--kv-cache-dtype", "fp8", "--gpu-memory-utilization", "0.95", "--max-model-len", "1M",
+               "--max-num-seqs", "512", "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["gpu"]["name"] == "B200" and j["pool_exact"] is False and j["plan"]["block_size"] == 2128
+    assert j["plan"]["head"] is None and j["free_bytes"] == j["gpu"]["memory_bytes"] - j["used_bytes"]
+
+
 def test_fp8_block_size():
     r = budget("--tp", "2", "--kv-cache-dtype", "fp8", "--json")
     assert r.returncode == 0, r.stderr
@@ -58,6 +75,10 @@ def test_fp8_block_size():
     (["--max-model-len", "2M"], "exceeds max_position_embeddings"),
     (["--block-size", "24"], "multiple of 16"),
     (["--model", "/nonexistent/dir"], "no config.json"),
+    (["--num-speculative-tokens", "-1"], "num_speculative_tokens must be an integer >= 0"),
+    (["--gpu", "a100"], "invalid choice: 'a100'"),
+    (["--gpu", "h100", "--gpu-memory-utilization", "0.9"], "leave no KV pool"),
+    (["--gpu-memory-utilization", "0.9"], "needs --gpu"),
 ])
 def test_bad_input_one_line_exit_2(args, msg):
     r = budget(*args)

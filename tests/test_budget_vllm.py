@@ -8,14 +8,16 @@ and `MambaStateDtypeCalculator.kda_state_dtype`, `MambaSpec` / `FullAttentionSpe
 + `get_kv_cache_capacity` (grouping, blocks, the two logged numbers, and the "cannot serve one request" refusal).
 What is stubbed: the model config and parallel config (plain namespaces carrying the values vLLM reads from them), and
 the model-class lookup (a class whose state-shape classmethods call vLLM's KDA calculators, as Solar's model class does),
-because building a real `ModelConfig` needs the model registered and a GPU platform.
+because building a real `ModelConfig` needs the model registered and a GPU platform. With speculative tokens the
+stub declares the conv state widened by them, through vLLM's Gated DeltaNet calculator (the same `3*H*D` conv
+channels; 0.25.1's KDA calculator ignores `num_spec`), which is what a KDA layer that verifies drafts must declare.
 """
 import types
 
 import pytest
 
-from solar_open2.budget import (attn_bytes_per_token, kda_state_bytes, kda_state_shapes, kv_capacity, kv_layout,
-                                parse_size, rank_shape)
+from solar_open2.budget import (attn_bytes_per_token, capture_sizes_for, kda_state_bytes, kda_state_shapes, kv_capacity,
+                                kv_layout, max_fitting_len, parse_size, rank_shape, vllm_capture_sizes)
 from solar_open2.config import FULL, SolarOpen2Config, tensor_specs
 
 vllm = pytest.importorskip("vllm")
@@ -38,16 +40,17 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noq
 REAL, TINY = SolarOpen2Config.real(), SolarOpen2Config.tiny()
 
 
-def _engine(cfg, tp, kv_cache_dtype, block_size, prefix_caching, max_model_len, monkeypatch):
+def _engine(cfg, tp, kv_cache_dtype, block_size, prefix_caching, max_model_len, monkeypatch, num_spec=0):
     "A vLLM config skeleton for `cfg` with the hybrid alignment done by vLLM itself; returns (vllm_config, specs)."
     lac = cfg.linear_attn_config
 
     class SolarLike:  # what Solar's model class answers to `_align_hybrid_block_size`
         @classmethod
         def get_mamba_state_shape_from_config(cls, vc):
-            return MambaStateShapeCalculator.kda_state_shape(vc.parallel_config.tensor_parallel_size, lac["num_heads"],
-                                                             lac["head_dim"],
-                                                             conv_kernel_size=lac["short_conv_kernel_size"])
+            tp_, H, D, K = vc.parallel_config.tensor_parallel_size, lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"]
+            if num_spec:   # the conv window widened by the drafts: 3*H*D channels, as Gated DeltaNet declares them
+                return MambaStateShapeCalculator.gated_delta_net_state_shape(tp_, H, H, D, D, K, num_spec)
+            return MambaStateShapeCalculator.kda_state_shape(tp_, H, D, conv_kernel_size=K)
 
         @classmethod
         def get_mamba_state_dtype_from_config(cls, vc):
@@ -61,7 +64,8 @@ def _engine(cfg, tp, kv_cache_dtype, block_size, prefix_caching, max_model_len, 
         original_max_model_len=max_model_len, supports_mamba_prefix_caching=False,
         get_num_kv_heads=lambda p: max(1, cfg.num_key_value_heads // p.tensor_parallel_size),
         get_head_size=lambda: cfg.head_dim, get_mamba_chunk_size=lambda: None)
-    vc = types.SimpleNamespace(cache_config=cc, model_config=mc, parallel_config=pc, speculative_config=None,
+    spec = types.SimpleNamespace(num_speculative_tokens=num_spec) if num_spec else None
+    vc = types.SimpleNamespace(cache_config=cc, model_config=mc, parallel_config=pc, speculative_config=spec,
                                scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=False,
                                                                       enable_chunked_prefill=True),
                                kv_transfer_config=None)
@@ -79,7 +83,7 @@ def _engine(cfg, tp, kv_cache_dtype, block_size, prefix_caching, max_model_len, 
                 shapes=tuple(SolarLike.get_mamba_state_shape_from_config(vc)),
                 dtypes=SolarLike.get_mamba_state_dtype_from_config(vc), block_size=cc.mamba_block_size,
                 page_size_padded=cc.mamba_page_size_padded, mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
-                mamba_cache_mode=cc.mamba_cache_mode)
+                mamba_cache_mode=cc.mamba_cache_mode, num_speculative_blocks=num_spec)
     return vc, specs
 
 
@@ -122,7 +126,7 @@ def test_vocab_parallel_rows(cfg, tp):
         assert rank_shape(spec, cfg, tp)[0] == pad_vocab_size(cfg.vocab_size, DEFAULT_VOCAB_PADDING_SIZE) // tp
 
 
-CASES = [  # cfg, tp, kv dtype, --block-size, prefix caching, pool bytes, max_model_len
+CASES = [  # cfg, tp, kv dtype, --block-size, prefix caching, pool bytes, max_model_len[, speculative tokens]
     (REAL, 2, "auto", 16, False, 28_000_000_000, 1_048_576),
     (REAL, 2, "auto", 16, False, 8_000_000_000, 262_144),
     (REAL, 2, "auto", 16, False, 8 * 2**30, 262_144),
@@ -135,14 +139,24 @@ CASES = [  # cfg, tp, kv dtype, --block-size, prefix caching, pool bytes, max_mo
     (TINY, 1, "auto", 16, False, 100_000_000, 8192),
     (TINY, 2, "fp8", 16, True, 50_000_000, 4000),
     (TINY, 4, "auto", 64, False, 30_000_000, 8192),
+    (REAL, 2, "fp8", 16, False, 8_000_000_000, 262_144),        # the FP8 predictions the GPU run checks
+    (REAL, 2, "fp8", 16, True, 28_000_000_000, 1_048_576),
+    (REAL, 2, "fp8", 16, True, 8_000_000_000, 262_144),
+    (REAL, 2, "fp8_e5m2", 16, False, 28_000_000_000, 1_048_576),
+    (REAL, 2, "auto", 16, False, 28_000_000_000, 1_048_576, 3),  # speculative decoding: 3 draft tokens
+    (REAL, 2, "fp8", 16, True, 28_000_000_000, 1_048_576, 3),
+    (REAL, 2, "auto", 16, True, 8_000_000_000, 262_144, 1),
+    (REAL, 4, "fp8", 16, False, 40_000_000_000, 1_048_576, 7),
+    (TINY, 1, "auto", 16, True, 50_000_000, 4096, 2),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"tp{c[1]}-{c[2]}-bs{c[3]}-pc{int(c[4])}-{c[5]}-{c[6]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"tp{c[1]}-{c[2]}-bs{c[3]}-pc{int(c[4])}-{c[5]}-{c[6]}"
+                                                     + (f"-spec{c[7]}" if len(c) > 7 else ""))
 def test_pool_matches_vllm(case, monkeypatch):
-    cfg, tp, kvd, bs, pc, M, L = case
-    vc, specs = _engine(cfg, tp, kvd, bs, pc, L, monkeypatch)
-    lay = kv_layout(cfg, tp, kvd, bs, pc)
+    cfg, tp, kvd, bs, pc, M, L, k = (*case, 0)[:8]
+    vc, specs = _engine(cfg, tp, kvd, bs, pc, L, monkeypatch, k)
+    lay = kv_layout(cfg, tp, kvd, bs, pc, num_speculative_tokens=k)
     assert (lay.block_size, lay.page_bytes, lay.mamba_cache_mode) == (
         vc.cache_config.block_size, vc.cache_config.mamba_page_size_padded or lay.page_bytes, vc.cache_config.mamba_cache_mode)
     (kvc,) = kcu.get_kv_cache_configs(vc, [specs], [M])
@@ -185,3 +199,41 @@ def test_refusal_matches_vllm(M, monkeypatch):
         assert "To serve at least one request" in str(e)
         refused = True
     assert refused == (not ours["fits"])
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_speculative_state_shapes(k):
+    "The widened KDA state equals vLLM's Gated DeltaNet state with the same channels, and its page."
+    lac = REAL.linear_attn_config
+    shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(2, lac["num_heads"], lac["num_heads"], lac["head_dim"],
+                                                                   lac["head_dim"], lac["short_conv_kernel_size"], k)
+    assert tuple(map(tuple, shapes)) == kda_state_shapes(REAL, 2, k)
+    spec = MambaSpec(shapes=shapes, dtypes=(torch.bfloat16, torch.float32), block_size=-1, num_speculative_blocks=k)
+    assert spec.page_size_bytes == sum(kda_state_bytes(REAL, 2, num_spec=k))
+
+
+@pytest.mark.parametrize("kvd,pc,M,upper", [("auto", False, 20_000_000_000, 1_048_576), ("fp8", True, 5_000_000_000, 1_048_576),
+                                            ("auto", False, 28_000_000_000, 1_048_576), ("auto", False, 30_000_000, 1_048_576)])
+def test_max_fitting_len_matches_vllm(kvd, pc, M, upper, monkeypatch):
+    vc, specs = _engine(REAL, 2, kvd, 16, pc, upper, monkeypatch)
+    groups = kcu.get_kv_cache_groups(vc, dict(specs))
+    assert max_fitting_len(kv_layout(REAL, 2, kvd, 16, pc), M, upper) == kcu._estimate_max_model_len_from_groups(vc, groups, M)
+
+
+@pytest.mark.parametrize("seqs,k", [(1, 0), (8, 0), (8, 3), (64, 0), (512, 0)])
+def test_capture_sizes_match_vllm(seqs, k):
+    "vLLM's own default capture sizes, and ours passed as explicit sizes, as `VllmConfig._set_cudagraph_sizes` makes them."
+    from vllm.config import CompilationConfig, VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    def sizes(explicit):
+        cc = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+                               **({"cudagraph_capture_sizes": explicit} if explicit else {}))
+        ns = types.SimpleNamespace(
+            model_config=types.SimpleNamespace(enforce_eager=False), compilation_config=cc, performance_mode="balanced",
+            scheduler_config=types.SimpleNamespace(max_num_seqs=seqs, max_num_batched_tokens=8192),
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=2), num_speculative_tokens=k)
+        VllmConfig._set_cudagraph_sizes(ns)
+        return cc.cudagraph_capture_sizes
+    assert sizes(None) == vllm_capture_sizes(seqs, k, 8192)
+    assert sizes(capture_sizes_for(seqs, k)) == capture_sizes_for(seqs, k)

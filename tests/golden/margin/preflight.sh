@@ -13,15 +13,18 @@ MODEL=/models/Solar-Open2-250B-Nota-NVFP4
 TP=2
 KV_CACHE_MEMORY_BYTES=8000000000
 MAX_MODEL_LEN=262144
+KV_CACHE_DTYPE=auto
 MAX_JOBS=4
 OOM_THRESHOLD=8589934592
+CUDAGRAPH_BYTES=182536110  # CUDA-graph memory (estimate), counted in each node's need
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOG_DIR=$HERE/logs
 
 mkdir -p "$LOG_DIR"
 manifest=$LOG_DIR/checkpoint-manifest.json
 common=(--node --model "$MODEL" --venv "$VENV" --ifname "$IFNAME" --tp "$TP" --kv-cache-memory-bytes "$KV_CACHE_MEMORY_BYTES"
-    --max-model-len "$MAX_MODEL_LEN" --max-jobs "$MAX_JOBS" --oom-threshold "$OOM_THRESHOLD")
+    --max-model-len "$MAX_MODEL_LEN" --kv-cache-dtype "$KV_CACHE_DTYPE" --max-jobs "$MAX_JOBS" --oom-threshold "$OOM_THRESHOLD"
+    --cudagraph-bytes "$CUDAGRAPH_BYTES")
 rc=0
 echo "== preflight: head $HEAD_IP"
 rm -f "$manifest"
@@ -33,7 +36,7 @@ for i in "${!WORKER_IPS[@]}"; do
         rc=1
         continue
     fi
-    ssh -o BatchMode=yes "${WORKER_SSH[$i]}" "$(printf '%q ' "$VENV/bin/solar-open2" preflight "${common[@]}" \
+    ssh -o BatchMode=yes -- "${WORKER_SSH[$i]}" "$(printf '%q ' "$VENV/bin/solar-open2" preflight "${common[@]}" \
         --node-ip "${WORKER_IPS[$i]}" --manifest -)" <"$manifest" || rc=1
 done
 exit "$rc"

@@ -7,6 +7,8 @@ set -euo pipefail
 HEAD_IP=192.168.100.10
 WORKER_SSH=(192.168.100.11)
 VENV=/opt/solar-open2/venv
+MIN_NCCL=2.30.4
+GRAPH_ARGS=(--cudagraph-capture-sizes 1 2 4 8)  # added when every node's NCCL allows CUDA graphs, else --enforce-eager
 SERVE_ARGS=(
     /models/Solar-Open2-250B-Nota-NVFP4
     --served-model-name solar-open2
@@ -14,7 +16,6 @@ SERVE_ARGS=(
     --port 8000
     --distributed-executor-backend ray
     --tensor-parallel-size 2
-    --enforce-eager
     --kv-cache-memory-bytes 8000000000
     --max-model-len 262144
     --max-num-seqs 8
@@ -37,7 +38,7 @@ fi
 # 1. page cache: on unified memory it competes with the GPU for the same RAM
 purge() {  # SSH_HOST ("" = this machine)
     local cmd='sync && echo 1 | sudo -n tee /proc/sys/vm/drop_caches >/dev/null'
-    if [[ -z $1 ]]; then bash -c "$cmd"; else ssh -o BatchMode=yes "$1" "$cmd"; fi
+    if [[ -z $1 ]]; then bash -c "$cmd"; else ssh -o BatchMode=yes -- "$1" "$cmd"; fi
 }
 for node in "" "${WORKER_SSH[@]}"; do
     if ! purge "$node"; then
@@ -52,7 +53,25 @@ if [[ ${SKIP_PREFLIGHT:-0} != 1 ]]; then
     "$HERE/preflight.sh"
 fi
 
-# 3. the server
+# 3. CUDA graphs only if the NCCL that every node's vLLM loads replays cross-node graphs (>= MIN_NCCL)
+nccl_ok() {  # SSH_HOST ("" = this machine): prints that node's NCCL line; fails if it is too old or unknown
+    local cmd
+    cmd=$(printf '%q ' "$VENV/bin/solar-open2" preflight --node --nccl --venv "$VENV" --min-nccl "$MIN_NCCL")
+    if [[ -z $1 ]]; then bash -c "$cmd"; else ssh -o BatchMode=yes -- "$1" "$cmd"; fi
+}
+graphs=on
+for node in "" "${WORKER_SSH[@]}"; do
+    if ! nccl_ok "$node"; then graphs=off; fi
+done
+if [[ $graphs == on ]]; then
+    SERVE_ARGS+=("${GRAPH_ARGS[@]}")
+    echo "CUDA graphs on: every node loads NCCL >= $MIN_NCCL"
+else
+    SERVE_ARGS+=(--enforce-eager)
+    echo "serving eager (--enforce-eager): a node's NCCL is older than $MIN_NCCL or unknown (above)" >&2
+fi
+
+# 4. the server
 # shellcheck disable=SC1091  # the venv exists on the nodes, not where this script is checked
 source "$VENV/bin/activate"
 export VLLM_HOST_IP=$HEAD_IP
@@ -63,7 +82,7 @@ pid=$!
 echo "$pid" >"$PIDFILE"
 tail -n +1 -f --pid="$pid" "$LOG" &
 
-# 4. the watchdog
+# 5. the watchdog
 "$HERE/oom-guard.sh" "$pid" &
 guard=$!
 trap 'kill "$guard" 2>/dev/null || true; rm -f "$PIDFILE"' EXIT

@@ -12,6 +12,7 @@ HCA=''  # empty: the RDMA device behind IFNAME, found on each node
 VENV=/opt/solar-open2/venv
 RAY_PORT=6379
 MAX_JOBS=4
+NCCL_LIBRARY=''  # empty: the NCCL of the venv's torch
 
 roce_gid() {  # IFNAME -> "HCA GID_INDEX": its RoCE v2 GID, IPv4-mapped first, else the lowest index
     local ifname=$1 sys=${SOLAR_SYSFS:-/sys} t port idx dev gid v4='' any=''
@@ -32,8 +33,8 @@ roce_gid() {  # IFNAME -> "HCA GID_INDEX": its RoCE v2 GID, IPv4-mapped first, e
     if [[ -n $v4 ]]; then echo "$v4"; elif [[ -n $any ]]; then echo "$any"; else return 1; fi
 }
 
-node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VENV MAX_JOBS -- runs on the node, in a login shell
-    local role=$1 node_ip=$2 head_ip=$3 ray_port=$4 ifname=$5 hca=$6 venv=$7 max_jobs=$8 host=$HOSTNAME found tool
+node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VENV MAX_JOBS [NCCL_LIBRARY] -- runs on the node, in a login shell
+    local role=$1 node_ip=$2 head_ip=$3 ray_port=$4 ifname=$5 hca=$6 venv=$7 max_jobs=$8 nccl=${9:-} host=$HOSTNAME found tool
     if ! found=$(roce_gid "$ifname"); then
         echo "$host: no RoCE v2 GID on $ifname in /sys/class/infiniband (link down, or no IPv4 address on $ifname?)" >&2
         return 1
@@ -55,6 +56,13 @@ node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VENV MAX_JOBS -- runs
             return 1
         fi
     done
+    if [[ -n $nccl ]]; then
+        if [[ ! -f $nccl ]]; then
+            echo "$host: no NCCL library at $nccl (--nccl-library)" >&2
+            return 1
+        fi
+        export LD_PRELOAD=$nccl${LD_PRELOAD:+:$LD_PRELOAD}   # every Ray worker, hence vLLM and torch, loads this NCCL
+    fi
     export MAX_JOBS=$max_jobs VLLM_HOST_IP=$node_ip NCCL_SOCKET_IFNAME=$ifname GLOO_SOCKET_IFNAME=$ifname \
         NCCL_IB_HCA=$hca NCCL_IB_GID_INDEX=${found#* }
     ray stop >/dev/null 2>&1 || true
@@ -69,11 +77,11 @@ node_start() {  # ROLE NODE_IP HEAD_IP RAY_PORT IFNAME HCA VENV MAX_JOBS -- runs
 
 on_node() {  # SSH_HOST ROLE NODE_IP: run node_start there in a login shell ("" = this machine)
     local host=$1 script
-    script="set -euo pipefail; $(declare -f roce_gid node_start); node_start$(printf ' %q' "$2" "$3" "$HEAD_IP" "$RAY_PORT" "$IFNAME" "$HCA" "$VENV" "$MAX_JOBS")"
+    script="set -euo pipefail; $(declare -f roce_gid node_start); node_start$(printf ' %q' "$2" "$3" "$HEAD_IP" "$RAY_PORT" "$IFNAME" "$HCA" "$VENV" "$MAX_JOBS" "$NCCL_LIBRARY")"
     if [[ -z $host ]]; then
         bash -l -s <<<"$script"
     else
-        ssh -o BatchMode=yes "$host" bash -l -s <<<"$script"
+        ssh -o BatchMode=yes -- "$host" bash -l -s <<<"$script"
     fi
 }
 

@@ -33,7 +33,7 @@ stop_node() {  # VENV -- runs on the node: `ray stop`, then engine processes lef
 on_node() {  # SSH_HOST ("" = this machine)
     local script
     script="$(declare -f stop_node); stop_node $(printf '%q' "$VENV")"
-    if [[ -z $1 ]]; then bash -s <<<"$script"; else ssh -o BatchMode=yes "$1" bash -s <<<"$script"; fi
+    if [[ -z $1 ]]; then bash -s <<<"$script"; else ssh -o BatchMode=yes -- "$1" bash -s <<<"$script"; fi
 }
 
 if [[ -s $PIDFILE ]]; then

@@ -28,7 +28,7 @@ avail_kb() {  # SSH_HOST ("" = this machine) -> MemAvailable in kB
     if [[ -z $1 ]]; then
         awk '$1 == "MemAvailable:" { print $2; exit }' "$PROC/meminfo"
     else
-        ssh -o BatchMode=yes -o ConnectTimeout=5 "$1" cat /proc/meminfo | awk '$1 == "MemAvailable:" { print $2; exit }'
+        ssh -o BatchMode=yes -o ConnectTimeout=5 -- "$1" cat /proc/meminfo | awk '$1 == "MemAvailable:" { print $2; exit }'
     fi
 }
 

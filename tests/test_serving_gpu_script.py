@@ -1,0 +1,95 @@
+"""The CPU parts of `scripts/gpu_serving_checks.py`: what the GPU jobs expect (from the budget) and the checks that
+judge their results, run here on synthetic results so that each check is seen to fail."""
+import copy, json, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_serving_checks as g  # noqa: E402
+
+from solar_open2.config import SolarOpen2Config  # noqa: E402
+
+
+def test_expect_command():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_serving_checks.py"), "expect"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["prefix"] == {"block_size": 272, "shared_tokens": 816, "len_a": 856, "len_b": 872, "saved_after_a": [816],
+                           "hit_b": 816}
+    kv = j["kv"]
+    assert list(kv) == list(g.KV_CASES) and all(v["rank_model_plan_identical"] and v["fits"] for v in kv.values())
+    assert kv["fp8:28g:1M"]["log_lines"] == ["GPU KV cache size: 2,262,049 tokens",
+                                             "Maximum concurrency for 1,048,576 tokens per request: 2.16x"]
+    assert kv["fp8:8g:256K"]["log_lines"][1] == "Maximum concurrency for 262,144 tokens per request: 2.40x"
+    assert (kv["fp8+pc:28g:1M"]["gpu_kv_cache_tokens"], kv["fp8+pc:8g:256K"]["gpu_kv_cache_tokens"]) == (2_248_449, 615_030)
+    assert {v["block_size"] for v in kv.values()} == {2128}
+
+
+@pytest.mark.parametrize("bad,msg", [("fp8:28g", "is not DTYPE[+pc]:POOL:LEN"), ("fp8+xx:28g:1M", "only '+pc'"),
+                                     ("fp4:28g:1M", "unknown --kv-cache-dtype"), ("fp8:28e9:1M", "'28e9' is not an integer")])
+def test_bad_cases(bad, msg):
+    with pytest.raises(ValueError, match=None) as e: g.parse_kv_case(bad)
+    assert msg in str(e.value)
+
+
+def test_prompts_fit_and_share_exactly_the_prefix():
+    cfg = SolarOpen2Config.tiny()
+    exp = g.prefix_expectation(cfg)
+    a, b = g.prefix_prompts(exp, cfg.vocab_size)
+    n = exp["shared_tokens"]
+    assert a[:n] == b[:n] and a[n] != b[n] and (len(a), len(b)) == (exp["len_a"], exp["len_b"])
+    assert max(len(a), len(b)) + 64 <= g.PREFIX_MAX_MODEL_LEN and all(142 <= t < cfg.vocab_size for t in a + b)
+    assert exp["block_size"] <= g.MAX_NUM_BATCHED_TOKENS      # vLLM's align-mode assertion
+
+
+def _runs(exp):
+    def run(pc):
+        hit = exp["hit_b"] if pc == "on" else 0
+        return {"a": {"tokens": [1, 2, 3], "num_cached_tokens": 0}, "b": {"tokens": [4, 5, 6], "num_cached_tokens": hit},
+                "metrics_after": {"a": {"hits": 0, "queries": 856}, "b": {"hits": hit, "queries": 1728}},
+                "block_size": exp["block_size"], "mamba_cache_mode": "align" if pc == "on" else "none"}
+    return {(m, pc): run(pc) for m in g.MODES for pc in ("on", "off")}
+
+
+def test_judge_prefix_passes_and_fails():
+    exp = g.prefix_expectation(SolarOpen2Config.tiny())
+    ok = {"mismatches": []}
+    cmps = {(m, pc, q): ok for m in g.MODES for pc in ("on", "off") for q in "ab"}
+    assert g.judge_prefix(_runs(exp), exp, cmps) == []
+    faults = {
+        "cached tokens": lambda r, c: r[("eager", "on")]["b"].update(num_cached_tokens=544),
+        "prefix_cache_hits": lambda r, c: r[("graphs", "on")]["metrics_after"]["b"].update(hits=0),
+        "not 'align'": lambda r, c: r[("eager", "on")].update(mamba_cache_mode="all"),
+        "differ with caching on and off": lambda r, c: r[("eager", "on")]["b"].update(tokens=[4, 5, 7]),
+        "between eager and CUDA graphs": lambda r, c: [r[("graphs", k)]["a"].update(tokens=[9]) for k in ("on", "off")],
+        "fp32 reference's argmax": lambda r, c: c.update({("graphs", "on", "b"): {"mismatches": [3]}}),
+        "with caching off": lambda r, c: r[("eager", "off")]["b"].update(num_cached_tokens=272),
+    }
+    for msg, fault in faults.items():
+        r, c = _runs(exp), dict(cmps)
+        fault(r, c)
+        fails = g.judge_prefix(r, exp, c)
+        assert any(msg in f for f in fails), (msg, fails)
+
+
+def test_judge_kv_passes_and_fails():
+    exp = g.kv_expectation(g.parse_kv_case("fp8+pc:28g:1M"))
+    logged = {"block_size": 2128, "kv_cache_tokens": 2_248_449, "max_concurrency": 2.14}
+    engine = {"block_size": 2128, "num_gpu_blocks": 1070}
+    assert g.judge_kv("c", exp, logged, engine) == []
+    assert any("GPU KV cache size 2248450" in f for f in g.judge_kv("c", exp, {**logged, "kv_cache_tokens": 2_248_450}, engine))
+    assert any("num_gpu_blocks 1069" in f for f in g.judge_kv("c", exp, logged, {**engine, "num_gpu_blocks": 1069}))
+    assert any("block size (log) None" in f for f in g.judge_kv("c", exp, {**logged, "block_size": None}, engine))
+    bad = copy.deepcopy(exp); bad["rank_model_plan_identical"] = False
+    assert any("rank model" in f for f in g.judge_kv("c", bad, logged, engine))
+
+
+def test_parser_takes_the_lead_commands():
+    ap = g.build_parser()
+    a = ap.parse_args(["prefix", "--modes", "eager", "graphs", "--tokens", "32"])
+    assert (a.job, a.modes, a.format) == ("prefix", ["eager", "graphs"], "compressed-tensors")
+    a = ap.parse_args(["kv", "--cases", *g.KV_CASES])
+    assert a.cases == list(g.KV_CASES) and a.moe_backend == "auto"
