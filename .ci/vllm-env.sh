@@ -43,7 +43,7 @@ t0=$(date +%s)
 # banner, are noise in a CI log: everything else pip says on stderr stays
 quiet() { "$@" 2> >(grep -vE '^WARNING: Location .* is ignored|BuildBackendWarning|^ *(!!|\*+|Please be careful|name as your package|with strategy)|^ *$' >&2); }
 quiet "$dir/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-quiet "$dir/bin/python" -m pip install -q --disable-pip-version-check -e "$repo[$extra,test]"
+quiet "$dir/bin/python" -m pip install -q --disable-pip-version-check -e "${repo}[${extra},test]"
 "$dir/bin/python" - "$version" <<'EOF'
 import sys
 import torch, transformers, vllm
