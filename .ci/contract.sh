@@ -9,6 +9,7 @@
 # load_weights takes every checkpoint tensor and fills every parameter, values bit-checked, in every layout; the
 # ignore lists resolve; the real config gives the 1072-token block; the parsers run through vLLM's parser managers;
 # the KDA layer matches the reference on the CPU bench; every moved vLLM name comes through solar_open2.vllm.compat.
+# VLLM_ENV_BASE_<version with _ for .>=VENV layers that release's environment over VENV (.ci/vllm-env.sh's BASE).
 # Each version's pytest summary line is printed after a "== contract vLLM X" header; the script exits non-zero if
 # any version failed, after running them all.
 set -uo pipefail
@@ -36,7 +37,10 @@ for v in "${versions[@]}"; do
   if [ "$v" = 0.25.1 ] && [ -x "$main_venv/bin/python" ]; then
     py=$main_venv/bin/python
   else
-    if ! bash .ci/vllm-env.sh "$v" "$venvs/vllm-$v"; then
+    base_var=VLLM_ENV_BASE_${v//./_}                 # e.g. VLLM_ENV_BASE_0_26_0=.venv: layer it over that one
+    base=${!base_var:-}
+    [ -z "$base" ] || base=$(cd "$base" && pwd)
+    if ! BASE=$base bash .ci/vllm-env.sh "$v" "$venvs/vllm-$v"; then
       failed+=("$v (environment)"); summary+=("vLLM $v: environment not built"); continue
     fi
     py=$venvs/vllm-$v/bin/python
