@@ -1,18 +1,35 @@
-# solar-open2: the two commands a new user types are `make run` and `make test`.
-# Both create .venv on first use (Python >= 3.10) and install the package with its dev and vllm extras.
+# solar-open2: the two commands a new user types are `make run` and `make test` (`make help` lists the others).
+# Both create .venv on first use (Python >= 3.10) and install the package from this checkout with its dev and vllm
+# extras (about 10 GB; a few minutes).
 VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 PROMPT ?= The capital of Japan is
+# what `make test` and `make test-slow` run, and extra pytest flags (e.g. PYTEST_FLAGS="-x -k budget")
+TESTS  ?= tests
+PYTEST_FLAGS ?=
+# `make docs`: the notebook folder and the site folder
+NBS    ?= nbs
+SITE   ?= docs
+PYTEST  = $(PY) -u -m pytest --durations=15
 
-.PHONY: setup run test nbtest pytest export clean-nbs check-sync docs
+.PHONY: help setup run test test-slow test-all nbtest export clean-nbs check-sync docs
+
+help:
+	@echo "make run        install into $(VENV) (first time only) and generate text with the built-in tiny checkpoint"
+	@echo "make test       every notebook and the test suite, without the slow checks (about 15 minutes on 2 cores)"
+	@echo "make test-slow  only the slow checks (tests marked slow, notebooks with '#| slow' cells, run whole)"
+	@echo "make test-all   both"
+	@echo "make docs       render the notebooks into the site in $(SITE)/ (open $(SITE)/index.html)"
+	@echo "make check-sync the exported modules, the notebooks and README.md are what the tools write"
 
 $(STAMP): setup.py settings.ini
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,vllm]"
+	@echo "installing solar-open2 from this checkout with its dev and vllm extras into $(VENV) (about 10 GB)"
+	$(PY) -m pip install --progress-bar off --upgrade pip
+	$(PY) -m pip install --progress-bar off -e ".[dev,vllm]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,14 +38,20 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/solar-open2 generate --prompt "$(PROMPT)" --max-new-tokens 32
 
-# every notebook's tests (gpu/slow cells skipped through tst_flags), then the integration tests (pytest's summary last)
-test: setup nbtest pytest
+# every notebook (one test each, gpu/slow cells skipped through tst_flags) and the tests in tests/; pytest reports
+# as it goes, names a test still running every 30 s, and its summary line comes last
+test: setup
+	$(PYTEST) $(TESTS) $(PYTEST_FLAGS)
 
+test-slow: setup
+	$(PYTEST) $(TESTS) --only-slow $(PYTEST_FLAGS)
+
+test-all: setup
+	$(PYTEST) $(TESTS) --slow $(PYTEST_FLAGS)
+
+# the notebooks alone, the way nbdev runs them
 nbtest: setup
 	$(BIN)/nbdev_test --n_workers 0 --timing
-
-pytest: setup
-	$(PY) -m pytest -q tests
 
 export: setup
 	$(BIN)/nbdev_export
@@ -42,6 +65,7 @@ check-sync: setup
 	$(BIN)/nbdev_clean && git diff --exit-code -- nbs
 	$(PY) scripts/make_readme.py --check
 
-# the docs site: every notebook in nbs/ rendered into docs/ (open docs/index.html); scratch files in build/docs
+# the docs site: every notebook in $(NBS)/ rendered into $(SITE)/ (open $(SITE)/index.html, or serve the folder
+# over HTTP); scratch files in build/docs
 docs: setup
-	$(PY) scripts/build_docs.py
+	$(PY) scripts/build_docs.py --nbs "$(NBS)" --site "$(SITE)"

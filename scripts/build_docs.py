@@ -83,10 +83,16 @@ def docs_filter():
                 i = max(j, i + 1)
 
     class exec_doc_cells(exec_show_docs):
-        "nbdev's `exec_show_docs` minus test cells: a cell that imports and also runs other code is not executed."
+        """nbdev's `exec_show_docs` minus test cells: a cell that imports and also runs other code is not executed.
+        The ipywidgets state nbdev saves into the notebook keeps every value, defaults too (the page draws it)."""
         def __call__(self, cell):
             if is_test_cell_with_imports(cell): return
             super().__call__(cell)
+        def end(self):
+            try: from ipywidgets import Widget
+            except ImportError: return
+            mime = "application/vnd.jupyter.widget-state+json"
+            self.nb.metadata["widgets"] = {mime: Widget.get_manager_state(drop_defaults=False)}
 
     class DocsFilter(FilterDefaults):
         def base_procs(self):
@@ -279,6 +285,57 @@ _ANSI_RE = re.compile(r"\x1B(?:[@-Z\\-_]|\[[0-?]*[ -/]*[@-~])")
 
 import yaml  # noqa: E402  (PyYAML: a dependency of mkdocs and nbdev)
 
+# ---------------------------------------------------------------------------------------------------------------
+# ipywidgets outputs: a static picture of the panel in the state the docs build left it
+# ---------------------------------------------------------------------------------------------------------------
+
+WIDGET_VIEW, WIDGET_STATE = "application/vnd.jupyter.widget-view+json", "application/vnd.jupyter.widget-state+json"
+WIDGET_NOTE = ("A static view of this panel as the notebook leaves it; in Jupyter its controls are live and "
+               "the output follows them.")
+
+def widget_html(model_id: str, state: dict, depth: int = 0) -> str:
+    """One widget model of a saved ipywidgets state as static HTML: boxes hold their children, sliders and toggle
+    buttons show their value (disabled controls), HTML and Label widgets show their text."""
+    m = state.get(model_id)
+    if m is None or depth > 20: return ""
+    name, st = m.get("model_name", ""), m.get("state", {})
+    esc = lambda v: html.escape(str(v))
+    desc = f'<span class="nb-widget-label">{esc(st.get("description", ""))}</span>' if st.get("description") else ""
+    if name.endswith("BoxModel") or name in ("AccordionModel", "TabModel", "StackModel"):
+        kids = "".join(widget_html(c.removeprefix("IPY_MODEL_"), state, depth + 1) for c in st.get("children", []))
+        tag = "nb-widget-row" if name == "HBoxModel" else "nb-widget-box"
+        return f'<div class="{tag}">{kids}</div>'
+    if name in ("HTMLModel", "HTMLMathModel"): return f'<div class="nb-widget-html">{desc}{st.get("value", "")}</div>'
+    if name == "LabelModel": return f'<div class="nb-widget-html">{desc}{esc(st.get("value", ""))}</div>'
+    labels = st.get("_options_labels")
+    if name in ("ToggleButtonsModel", "RadioButtonsModel") and labels is not None:
+        idx = st.get("index")
+        on = ' class="nb-widget-on"'
+        btns = "".join(f'<button disabled{on if i == idx else ""}>{esc(l)}</button>' for i, l in enumerate(labels))
+        return f'<div class="nb-widget-row">{desc}<span class="nb-widget-buttons">{btns}</span></div>'
+    if labels is not None and "index" in st:  # SelectionSlider, Dropdown, Select...
+        idx = st["index"] if isinstance(st["index"], int) else 0
+        value = labels[idx] if 0 <= idx < len(labels) else ""
+        bar = f'<input type="range" min="0" max="{max(len(labels) - 1, 0)}" value="{idx}" disabled>'
+        return f'<div class="nb-widget-row">{desc}{bar}<span class="nb-widget-value">{esc(value)}</span></div>'
+    if "value" in st and "min" in st and "max" in st:  # Int/Float sliders and their kin
+        v = st["value"]
+        bar = f'<input type="range" min="{esc(st["min"])}" max="{esc(st["max"])}" step="{esc(st.get("step", 1))}" value="{esc(v)}" disabled>'
+        shown = f"{v:g}" if isinstance(v, float) else esc(v)
+        return f'<div class="nb-widget-row">{desc}{bar}<span class="nb-widget-value">{shown}</span></div>'
+    if "value" in st:
+        return f'<div class="nb-widget-row">{desc}<span class="nb-widget-value">{esc(st["value"])}</span></div>'
+    return f'<div class="nb-widget-row">{desc}<code>{esc(name.removesuffix("Model"))}</code></div>'
+
+def widget_panel(model_id: str, state: dict) -> str:
+    "A widget output: its static view in a frame, with a note that it is live in Jupyter."
+    return (f'<div class="nb-output nb-widget"><div class="nb-widget-note">{html.escape(WIDGET_NOTE)}</div>\n'
+            f'{widget_html(model_id, state)}\n</div>')
+
+# nbdev's show_doc "source" link to `{git_url}/blob/...`, floated right: `[source](url){target=... style=...}`
+# (nbdev 2) or `<a href="url" ...>source</a>`
+_SOURCE_LINK_RE = re.compile(r'\[source\]\([^)\s]*\)(\{[^}\n]*\})?\s*|<a href="[^"]*"[^>]*>source</a>\s*')
+
 class Page:
     "One processed notebook rendered to a markdown page (`render`), plus the files its outputs need (`assets`)."
     def __init__(self, rel: Path, src: Path, nb: dict, module: str | None, ctx: dict):
@@ -374,6 +431,11 @@ class Page:
         if kind == "error":
             return self.pre(_ANSI_RE.sub("", "\n".join(o.get("traceback", [])) or f"{o.get('ename')}: {o.get('evalue')}"), "nb-error")
         data = o.get("data", {})
+        if WIDGET_VIEW in data:
+            view = data[WIDGET_VIEW]
+            view = json.loads(_text(view)) if not isinstance(view, dict) else view
+            state = ((self.nb.get("metadata") or {}).get("widgets") or {}).get(WIDGET_STATE, {}).get("state", {})
+            if view.get("model_id") in state: return widget_panel(view["model_id"], state)
         if "text/markdown" in data:
             md = _text(data["text/markdown"])
             if md.lstrip().startswith("---\n"): return self.show_doc(md, i)  # nbdev's show_doc output
@@ -403,6 +465,7 @@ class Page:
         "nbdev's show_doc markdown in a box; the symbol heading keeps nbdev's anchor (`config.html#solaropen2config`)."
         from markdown.extensions.toc import slugify
         md = re.sub(r"^\s*---\s*\n", "", md)
+        md = _SOURCE_LINK_RE.sub("", md)  # "source" links to settings.ini's git_url: the code is on this page
         md = re.sub(r"^\*Call self as a function\.\*\s*$", "", md, flags=re.MULTILINE)  # no docstring: say nothing
         md = re.sub(r"(```python\n)(.*?)(```)", lambda m: m.group(1) + "\n".join(
             l for l in m.group(2).split("\n") if l.strip()) + "\n" + m.group(3), md, count=1, flags=re.DOTALL)
@@ -472,7 +535,55 @@ EXTRA_CSS = """
 .md-typeset .nb-doc table:not([class]) td, .md-typeset .nb-doc table:not([class]) th { padding: 0.2em 0.8em; }
 .md-typeset .nb-doc table:not([class]) { background: #fff; margin: 0.6em 0 1em; }
 .md-typeset .highlight span.filename { font-size: 0.72em; padding: 0.3em 1em; }
+.md-typeset .nb-widget { border: 1px solid #d6dde8; border-radius: 4px; padding: 0.6em 1em; background: #fbfcfe; }
+.md-typeset .nb-widget-note { font-size: 0.75em; color: var(--md-default-fg-color--light); margin-bottom: 0.5em; }
+.md-typeset .nb-widget-row { display: flex; align-items: center; gap: 0.8em; margin: 0.25em 0; font-size: 0.8em; }
+.md-typeset .nb-widget-label { min-width: 8em; text-align: right; }
+.md-typeset .nb-widget-row input[type=range] { width: 16em; }
+.md-typeset .nb-widget-value { font-family: var(--md-code-font-family); }
+.md-typeset .nb-widget-buttons button { border: 1px solid #c9d3e0; background: #f3f5f9; padding: 0.15em 0.9em;
+  font-size: 0.9em; color: inherit; }
+.md-typeset .nb-widget-buttons button.nb-widget-on { background: #3f51b5; color: #fff; border-color: #3f51b5; }
+.md-typeset .nb-widget-html pre { margin: 0.5em 0 0; padding: 0.5em 0.8em; background: #f7f7f9; font-size: 0.78em; }
 """.lstrip()
+
+# Opened from the file system (file://), Chromium and Firefox refuse to start a Web Worker, and mkdocs-material's
+# search runs in one. mkdocs-material's `offline` plugin fixes that with a shim loaded from a CDN, which an offline
+# reader cannot reach; this stands in for it. Only on file:// pages it replaces `Worker` by a hidden iframe that
+# runs the worker's script, messages passing between the two as events. Over HTTP the browser's Worker is used.
+FILE_WORKER_JS = """
+/* the site search on pages opened from the file system: see scripts/build_docs.py */
+(function () {
+  if (location.protocol !== "file:" || typeof EventTarget !== "function") return;
+  class FrameWorker extends EventTarget {
+    constructor(url) {
+      super();
+      this.pending = [];
+      const frame = this.frame = document.createElement("iframe");
+      frame.hidden = true; frame.tabIndex = -1; frame.setAttribute("aria-hidden", "true");
+      (document.body || document.documentElement).appendChild(frame);
+      const scope = this.scope = frame.contentWindow;
+      /* the worker's postMessage answers the page */
+      scope.postMessage = (data) => setTimeout(() => this.dispatchEvent(new MessageEvent("message", { data })));
+      const script = scope.document.createElement("script");
+      script.src = new URL(url, location.href).href;
+      script.onload = () => { const queued = this.pending; this.pending = null; queued.forEach((d) => this.deliver(d)); };
+      script.onerror = () => this.dispatchEvent(new Event("error"));
+      scope.document.head.appendChild(script);
+    }
+    deliver(data) { setTimeout(() => this.scope.dispatchEvent(new this.scope.MessageEvent("message", { data }))); }
+    postMessage(data) { if (this.pending) this.pending.push(data); else this.deliver(data); }
+    terminate() { this.frame.remove(); }
+  }
+  window.Worker = FrameWorker;
+})();
+""".lstrip()
+
+def write_offline_search(site: Path):
+    "The search index as a script (`search/search_index.js`), which mkdocs-material loads on file:// pages."
+    src = site/"search"/"search_index.json"
+    if not src.is_file(): raise SystemExit(f"build_docs: mkdocs wrote no search index ({src})")
+    (site/"search"/"search_index.js").write_text("var __index = " + src.read_text(encoding="utf-8"), encoding="utf-8")
 
 def mkdocs_config(pages: list, ctx: dict, build: Path, site: Path) -> dict:
     nav = []
@@ -491,6 +602,7 @@ def mkdocs_config(pages: list, ctx: dict, build: Path, site: Path) -> dict:
                   "palette": {"scheme": "default", "primary": "indigo", "accent": "indigo"},
                   "features": ["navigation.footer", "navigation.top", "content.code.copy", "toc.integrate"]},
         "extra_css": ["assets/nb.css"],
+        "extra": {"polyfills": ["assets/file-worker.js"], "generator": False},
         "plugins": ["search"],
         "markdown_extensions": [
             "tables", "attr_list", "md_in_html", "admonition", "footnotes", "def_list", "pymdownx.details",
@@ -548,6 +660,7 @@ def build(nbs: Path, build_dir: Path, site: Path, quiet: bool = False, add: list
     if pages_dir.exists(): shutil.rmtree(pages_dir)
     (pages_dir/"assets").mkdir(parents=True)
     (pages_dir/"assets"/"nb.css").write_text(EXTRA_CSS)
+    (pages_dir/"assets"/"file-worker.js").write_text(FILE_WORKER_JS)
     for f in sorted(nbs.rglob("*")):  # non-notebook files next to the notebooks (images...) come along
         rel = f.relative_to(nbs)
         if not f.is_file() or f.suffix == ".ipynb" or any(p.startswith((".", "_")) for p in rel.parts): continue
@@ -580,6 +693,7 @@ def build(nbs: Path, build_dir: Path, site: Path, quiet: bool = False, add: list
             if c.name == ".gitkeep": continue
             shutil.rmtree(c) if c.is_dir() and not c.is_symlink() else c.unlink()
     mk_build(mk, dirty=False)
+    write_offline_search(site)
     for w in ctx["warn"]: print(f"build_docs: warning: {w}", file=sys.stderr)
     res = {"pages": [p.name + ".html" for p in pages], "site": str(site), "seconds": round(time.time() - t0, 2),
            "proc_seconds": round(t_proc, 2), "warnings": list(ctx["warn"])}

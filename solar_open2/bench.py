@@ -4,40 +4,63 @@
 
 # %% ../nbs/10a_bench.ipynb #420c26a8
 from __future__ import annotations
-import http.client, http.server, json, math, random, socket, sys, threading, time, urllib.parse
+import http.client, http.server, io, json, math, random, socket, sys, threading, time, urllib.parse
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MOONCAKE_BLOCK', 'sse_events', 'chunk_text', 'RequestResult', 'list_models', 'stream_request', 'FakeOpenAIServer',
-           'completion_payload', 'single_stream', 'parse_count', 'parse_lengths', 'random_tokens', 'prompt_sweep',
-           'sweep_summary', 'percentile', 'TraceRequest', 'read_trace', 'write_trace', 'make_trace', 'trace_tokens',
-           'replay', 'sla_report', 'plot_sweep', 'plot_trace', 'cli_bench']
+__all__ = ['DONE', 'MAX_LINE', 'MAX_BODY', 'FAULTS', 'MODEL_FAULTS', 'MOONCAKE_BLOCK', 'MAX_TRACE_TOKENS', 'BENCH_EXAMPLES',
+           'sse_events', 'event_problem', 'chunk_text', 'RequestResult', 'list_models', 'stream_request',
+           'FakeOpenAIServer', 'completion_payload', 'single_stream', 'parse_count', 'parse_lengths', 'random_tokens',
+           'prompt_sweep', 'sweep_summary', 'percentile', 'TraceRequest', 'read_trace', 'write_trace', 'make_trace',
+           'trace_tokens', 'replay', 'sla_report', 'plot_sweep', 'plot_trace', 'bench_parser', 'cli_bench']
 
 # %% ../nbs/10a_bench.ipynb #816279d7
-def sse_events(lines)->"Iterator[dict]":
-    "Yield the JSON payload of each `data:` line of a server-sent-event stream, stopping at `data: [DONE]`."
+DONE = "[DONE]"   # what `sse_events` yields for `data: [DONE]`: the stream ended as the protocol says
+
+def sse_events(lines)->"Iterator[dict|str]":
+    "Yield the JSON object of each `data:` line of a server-sent-event stream, then `DONE` at `data: [DONE]`."
     for raw in lines:
         line = (raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else raw).rstrip("\r\n")
         if not line.startswith("data:"): continue          # blank separators, ": keep-alive", "event: ..."
         data = line[5:].strip()
-        if data == "[DONE]": return
+        if data == DONE: yield DONE; return
         if not data: continue
-        try: yield json.loads(data)
-        except json.JSONDecodeError as e: raise ValueError(f"malformed event from the server: {data[:80]!r}") from e
+        try: ev = json.loads(data)
+        except (json.JSONDecodeError, RecursionError) as e: raise ValueError(f"malformed event from the server: {data[:80]!r}") from None
+        if not isinstance(ev, dict): raise ValueError(f"malformed event from the server (not a JSON object): {data[:80]!r}")
+        yield ev
 
 # %% ../nbs/10a_bench.ipynb #59205599
+def _str(x)->str: return x if isinstance(x, str) else ""
+
+def event_problem(ev:dict)->str|None:
+    "What makes a streamed chunk unreadable as OpenAI's (choices a list of objects, deltas and usage objects), or None."
+    ch = ev.get("choices")
+    if ch is not None and not (isinstance(ch, list) and all(isinstance(c, dict) for c in ch)): return f"choices is not a list of objects: {str(ch)[:60]!r}"
+    for c in ch or []:
+        if c.get("delta") is not None and not isinstance(c["delta"], dict): return f"delta is not an object: {str(c['delta'])[:60]!r}"
+        tcs = (c.get("delta") or {}).get("tool_calls")
+        if tcs is not None and not (isinstance(tcs, list) and all(isinstance(t, dict) for t in tcs)): return "tool_calls is not a list of objects"
+    u = ev.get("usage")
+    if u is not None:
+        if not isinstance(u, dict): return f"usage is not an object: {str(u)[:60]!r}"
+        for k in ("prompt_tokens", "completion_tokens"):
+            v = u.get(k)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0): return f"usage.{k} is not a count: {v!r}"
+        if u.get("completion_tokens") is None: return "usage has no completion_tokens"
+    return None
+
 def chunk_text(ev:dict)->str:
     "The generated text one streamed chunk carries (completion text, chat content, reasoning, tool-call pieces)."
     out = []
     for ch in ev.get("choices") or []:
-        if ch.get("text"): out.append(ch["text"])
+        out.append(_str(ch.get("text")))
         d = ch.get("delta") or {}
-        for k in ("reasoning_content", "reasoning", "content"):
-            if d.get(k): out.append(d[k])
+        out += [_str(d.get(k)) for k in ("reasoning_content", "reasoning", "content")]
         for tc in d.get("tool_calls") or []:
-            f = tc.get("function") or {}
-            out.append((f.get("name") or "") + (f.get("arguments") or ""))
+            f = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+            out.append(_str(f.get("name")) + _str(f.get("arguments")))
     return "".join(out)
 
 # %% ../nbs/10a_bench.ipynb #79350daa
@@ -52,22 +75,25 @@ class RequestResult:
     completion_tokens: int = 0
     chunks: int = 0                  # token-carrying chunks received
     usage_reported: bool = False     # counts from the server's `usage`, not from counting chunks
+    done: bool = False               # the stream ended with `data: [DONE]`
     finish_reason: str|None = None
     text: str = ""
     error: str|None = None
     tag: dict = field(default_factory=dict)   # what the caller wants kept with it (trace index, prompt length...)
 
     @property
-    def ok(self)->bool: return self.error is None and self.t_first is not None
+    def ok(self)->bool:
+        "A complete request: no error, a token, the server's usage, and `[DONE]`. Only these enter any figure."
+        return self.error is None and self.t_first is not None and self.usage_reported and self.done
     @property
-    def ttft(self)->float|None: return None if self.t_first is None else self.t_first - self.t_send
+    def ttft(self)->float|None: return None if self.t_first is None or not self.ok else self.t_first - self.t_send
     @property
     def decode_tps(self)->float|None:
-        "Single-stream decode speed, (completion_tokens - 1) / (t_last - t_first)."
-        if self.t_first is None or self.completion_tokens < 2 or self.t_last <= self.t_first: return None
+        "Single-stream decode speed, (completion_tokens - 1) / (t_last - t_first); None unless the request is complete."
+        if not self.ok or self.completion_tokens < 2 or self.t_last <= self.t_first: return None
         return (self.completion_tokens - 1) / (self.t_last - self.t_first)
     @property
-    def e2e(self)->float|None: return None if self.t_end is None else self.t_end - self.t_send
+    def e2e(self)->float|None: return None if self.t_end is None or not self.ok else self.t_end - self.t_send
 
     def to_dict(self)->dict:
         d = asdict(self)
@@ -75,13 +101,23 @@ class RequestResult:
         return d
 
 # %% ../nbs/10a_bench.ipynb #c7a22a31
+MAX_LINE = 1 << 20          # longest event line read (bytes): a longer one is malformed, not buffered
+MAX_BODY = 8 << 20          # longest non-streamed reply read (bytes)
+
 def _base(url:str)->tuple:
-    u = urllib.parse.urlsplit(url)
+    try: u = urllib.parse.urlsplit(url); port = u.port
+    except ValueError as e: raise ValueError(f"--url {url!r}: {e}") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"--url must look like http://HOST:PORT, got {url!r}")
     path = u.path.rstrip("/")
     if path.endswith("/v1"): path = path[:-3]
-    return u.scheme, u.hostname, u.port, path
+    return u.scheme, u.hostname, port, path
+
+def _endpoint(url:str, route:str)->str:
+    "The full URL of `route` on the server of `url`, for messages: every error names the address that failed."
+    scheme, host, port, path = _base(url)
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}{'' if port is None else f':{port}'}{path}{route}"
 
 def _connect(url:str, timeout:float):
     scheme, host, port, path = _base(url)
@@ -93,44 +129,112 @@ def _headers(api_key:str|None)->dict:
     if api_key: h["Authorization"] = f"Bearer {api_key}"
     return h
 
-def list_models(url:str, api_key:str|None=None, timeout:float=10)->list:
-    "The model ids the server serves (`GET /v1/models`)."
-    conn, path = _connect(url, timeout)
-    try:
-        conn.request("GET", path + "/v1/models", headers=_headers(api_key))
-        resp = conn.getresponse(); body = resp.read()
-        if resp.status != 200: raise ConnectionError(f"GET {url} /v1/models: HTTP {resp.status} {body[:200]!r}")
-        return [m["id"] for m in json.loads(body).get("data", [])]
-    finally: conn.close()
+class _BoundedSocket:
+    "A connected socket whose every read waits at most until `deadline` (time.monotonic): `--timeout` bounds the whole request."
+    def __init__(self, sock, deadline:float): self.sock, self.deadline, self._readers, self._closed = sock, deadline, 0, False
+    def __getattr__(self, k): return getattr(self.sock, k)          # sendall, settimeout, ...
+    def close(self):
+        "Close once no response reads from it any more (as a socket's own `makefile` does)."
+        self._closed = True
+        if self._readers == 0: self.sock.close()
+    def _reader_closed(self):
+        self._readers -= 1
+        if self._closed and self._readers == 0: self.sock.close()
+    def recv_into(self, buf, nbytes:int=0, flags:int=0)->int:
+        left = self.deadline - time.monotonic()
+        if left <= 0: raise TimeoutError("the request ran out of time")
+        self.sock.settimeout(left)                                  # one read: at most what is left
+        return self.sock.recv_into(buf, nbytes, flags)
+    def makefile(self, mode="rb", *args, **kw):
+        "What http.client reads the response from: every byte through `recv_into`, so a trickle is bounded too."
+        bounded = self
+        class Raw(io.RawIOBase):
+            def readable(self): return True
+            def readinto(self, b): return bounded.recv_into(b)
+            def close(self):
+                if not self.closed: bounded._reader_closed()
+                super().close()
+        self._readers += 1
+        return io.BufferedReader(Raw())
 
-def stream_request(url:str, payload:dict, chat:bool=False, api_key:str|None=None, timeout:float=3600,
-                   clock=time.perf_counter, tag:dict|None=None)->RequestResult:
-    "POST one streaming completion (or chat completion) and time every token-carrying chunk."
-    payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
-    r, conn = RequestResult(t_send=clock(), tag=dict(tag or {})), None
+def _open(url:str, timeout:float):
+    "A connection to the server of `url` whose reads all end by `timeout` seconds from now; and the base path."
+    deadline = time.monotonic() + timeout
+    conn, path = _connect(url, timeout)
+    conn.connect()
+    conn.sock = _BoundedSocket(conn.sock, deadline)
+    return conn, path
+
+_TIMED_OUT = "timed out after {:g} s (--timeout bounds the whole request)"
+
+def _lines(resp):
+    "The response's lines as they arrive; a line longer than `MAX_LINE` is an error, not a buffer that grows."
+    while True:
+        line = resp.readline(MAX_LINE + 1)
+        if not line: return
+        if len(line) > MAX_LINE: raise ValueError(f"malformed stream: a line longer than {MAX_LINE:,} bytes")
+        yield line
+
+def list_models(url:str, api_key:str|None=None, timeout:float=10)->list:
+    "The model ids the server serves (`GET /v1/models`); any failure is a `ConnectionError` naming the URL."
+    where, conn = "GET " + _endpoint(url, "/v1/models"), None
     try:
-        conn, path = _connect(url, timeout)
-        conn.request("POST", path + ("/v1/chat/completions" if chat else "/v1/completions"),
-                     body=json.dumps(payload).encode(), headers=_headers(api_key))
+        conn, path = _open(url, timeout)
+        conn.request("GET", path + "/v1/models", headers=_headers(api_key))
+        resp = conn.getresponse(); body = resp.read(MAX_BODY + 1); resp.close()
+    except TimeoutError: raise ConnectionError(f"{where}: " + _TIMED_OUT.format(timeout)) from None
+    except (OSError, http.client.HTTPException) as e: raise ConnectionError(f"{where}: {type(e).__name__}: {e}") from None
+    finally:
+        if conn is not None: conn.close()
+    if resp.status != 200: raise ConnectionError(f"{where}: HTTP {resp.status} {body[:200]!r}")
+    if len(body) > MAX_BODY: raise ConnectionError(f"{where}: a reply of more than {MAX_BODY:,} bytes")
+    try: doc = json.loads(body)
+    except (ValueError, RecursionError): raise ConnectionError(f"{where}: the reply is not JSON: {body[:80]!r}") from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list): raise ConnectionError(f"{where}: the reply has no `data` list: {body[:80]!r}")
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]
+
+def stream_request(url:str, payload:dict, chat:bool=False, api_key:str|None=None,
+                   timeout:float=3600, # seconds for the whole request, connection to `[DONE]`
+                   clock=time.perf_counter, tag:dict|None=None)->RequestResult:
+    "POST one streaming completion (or chat completion) and time every token-carrying chunk; never raises."
+    payload = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+    route = "/v1/chat/completions" if chat else "/v1/completions"
+    r, conn, resp, text = RequestResult(t_send=clock(), tag=dict(tag or {})), None, None, []
+    try:
+        where = "POST " + _endpoint(url, route)
+        conn, path = _open(url, timeout)
+        conn.request("POST", path + route, body=json.dumps(payload).encode(), headers=_headers(api_key))
         resp = conn.getresponse()
         if resp.status != 200:
-            r.error = f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}"; return r
-        for ev in sse_events(iter(resp.readline, b"")):
+            r.error = f"{where}: HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}"; return r
+        for ev in sse_events(_lines(resp)):
             now = clock()
-            if ev.get("error"): r.error = f"server error: {ev['error']}"; break
+            if ev is DONE: r.done = True; break
+            if ev.get("error"): r.error = f"server error: {str(ev['error'])[:300]}"; break
+            bad = event_problem(ev)
+            if bad: r.error = f"malformed event from the server: {bad}"; break
             txt = chunk_text(ev)
             if txt:
                 if r.t_first is None: r.t_first = now
-                r.t_last = now; r.chunks += 1; r.text += txt
+                r.t_last = now; r.chunks += 1; text.append(txt)
             for ch in ev.get("choices") or []:
-                if ch.get("finish_reason"): r.finish_reason = ch["finish_reason"]
-            if ev.get("usage"):
+                if isinstance(ch.get("finish_reason"), str): r.finish_reason = ch["finish_reason"]
+            if ev.get("usage") is not None:
                 u = ev["usage"]; r.usage_reported = True
-                r.prompt_tokens, r.completion_tokens = u.get("prompt_tokens"), u.get("completion_tokens", 0)
+                r.prompt_tokens, r.completion_tokens = u.get("prompt_tokens"), u["completion_tokens"]
         r.t_end = clock()
-    except (OSError, http.client.HTTPException, ValueError) as e: r.error = f"{type(e).__name__}: {e}"
+    except TimeoutError: r.error = _TIMED_OUT.format(timeout)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        r.error = f"{where}: {type(e).__name__}: {e}" if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
     finally:
+        r.text = "".join(text)
+        if resp is not None: resp.close()          # the response holds the socket open after conn.close()
         if conn is not None: conn.close()
+    if r.error is None:
+        if not r.done: r.error = f"the stream ended before data: [DONE] ({r.chunks} token chunks received): cut, or the server died"
+        elif not r.usage_reported: r.error = "the stream carried no usage block (the server ignored stream_options.include_usage)"
+        elif r.t_first is None: r.error = "the stream carried no generated text"
     if not r.usage_reported: r.completion_tokens = r.chunks
     return r
 
@@ -142,11 +246,27 @@ def _prompt_tokens(body:dict)->int:
     if isinstance(p, list): return sum(len(str(x).split()) for x in p)
     return sum(len(str(m.get("content") or "").split()) for m in body.get("messages") or [])
 
+FAULTS = ("cut", "no-done", "no-usage", "null-usage", "bad-usage", "stall", "trickle", "malformed", "not-object",
+          "bad-choices", "error-event", "http-500", "long-line", "close")   # what a misbehaving server does (see below)
+MODEL_FAULTS = ("not-json", "no-data", "bad-items", "empty", "http-500", "huge")
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    "A threading HTTP server that does not print a traceback when a client hangs up on it."
+    daemon_threads, block_on_close = True, False     # closing never waits for a handler still misbehaving
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)): super().handle_error(request, client_address)
+
 class FakeOpenAIServer:
-    "A scripted OpenAI-compatible streaming server on 127.0.0.1, for testing clients without a GPU."
+    "A scripted OpenAI-compatible streaming server on 127.0.0.1, for testing clients without a GPU; `faults` make it misbehave."
     def __init__(self, ttft:float=0.1, itl:float=0.01, prefill_tps:float|None=None, model:str="fake-model",
-                 reply:str="Tokyo is the capital of Japan."):
+                 reply:str="Tokyo is the capital of Japan.",
+                 faults:list|None=None, # request i gets faults[i % len(faults)] (None: served normally), see FAULTS
+                 models_fault:str|None=None, # how GET /v1/models misbehaves, see MODEL_FAULTS
+                ):
+        bad = [f for f in (faults or []) if f is not None and f not in FAULTS] + ([models_fault] if models_fault not in (None,) + MODEL_FAULTS else [])
+        if bad: raise ValueError(f"unknown faults {bad}; expected {FAULTS} / {MODEL_FAULTS}")
         self.ttft, self.itl, self.prefill_tps, self.model, self.reply = ttft, itl, prefill_tps, model, reply.split()
+        self.faults, self.models_fault, self._n = list(faults or []), models_fault, 0
         self.log, self.inflight, self.max_inflight, self._lock = [], 0, 0, threading.Lock()
         self.httpd = self.url = None
 
@@ -160,8 +280,14 @@ class FakeOpenAIServer:
                 self.send_response(code); self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
             def do_GET(self):
-                if self.path.rstrip("/") == "/v1/models": self._json(200, {"object": "list", "data": [{"id": srv.model, "object": "model"}]})
-                else: self._json(404, {"error": {"message": f"no route {self.path}"}})
+                if self.path.rstrip("/") != "/v1/models": return self._json(404, {"error": {"message": f"no route {self.path}"}})
+                f = srv.models_fault
+                if f in ("not-json", "huge"):
+                    b = b"<html>oops</html>" if f == "not-json" else b"[" * (MAX_BODY + 10)
+                    self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)
+                elif f == "http-500": self._json(500, {"error": {"message": "internal"}})
+                else: self._json(200, {"data": [{"id": srv.model, "object": "model"}]} if f is None else {"object": "list"} if f == "no-data"
+                                       else {"data": [5, {"id": 7}, {"name": "x"}]} if f == "bad-items" else {"data": []})
             def do_POST(self):
                 t0 = time.perf_counter()
                 chat = self.path == "/v1/chat/completions"
@@ -173,9 +299,14 @@ class FakeOpenAIServer:
         return H
 
     def _stream(self, h, body, chat, t0):
-        with self._lock: self.inflight += 1; self.max_inflight = max(self.max_inflight, self.inflight)
+        with self._lock:
+            self.inflight += 1; self.max_inflight = max(self.max_inflight, self.inflight)
+            fault = self.faults[self._n % len(self.faults)] if self.faults else None; self._n += 1
         done = False
         try:
+            if fault is not None:
+                try: return self._misbehave(h, body, chat, fault)
+                except (BrokenPipeError, ConnectionResetError): return      # the client gave up: what it should do
             n_in, max_tok = _prompt_tokens(body), int(body.get("max_tokens") or 16)
             words = [f" w{i}" for i in range(max_tok)] if body.get("ignore_eos") else [" " + w for w in self.reply][:max_tok]
             h.send_response(200); h.send_header("Content-Type", "text/event-stream"); h.send_header("Connection", "close"); h.end_headers()
@@ -199,9 +330,38 @@ class FakeOpenAIServer:
             if not done:
                 with self._lock: self.inflight -= 1
 
+    def _misbehave(self, h, body, chat, fault):
+        "Answer like a broken server: each fault of `FAULTS` breaks the stream in one way (nothing is logged as served)."
+        if fault == "http-500": return h._json(500, {"error": {"message": "the engine died"}})
+        h.send_response(200); h.send_header("Content-Type", "text/event-stream"); h.send_header("Connection", "close"); h.end_headers()
+        w = lambda b: (h.wfile.write(b), h.wfile.flush())
+        ev = lambda obj: w(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        tok = lambda i: ev({"choices": [{"index": 0, "delta": {"content": f" w{i}"}} if chat else {"index": 0, "text": f" w{i}"}]})
+        n = int(body.get("max_tokens") or 16)
+        usage = {"prompt_tokens": _prompt_tokens(body), "completion_tokens": n, "total_tokens": n}
+        if fault == "close": return                                        # headers, then nothing
+        for i in range(n if fault not in ("cut", "stall", "trickle", "malformed", "not-object", "bad-choices",
+                                          "error-event", "long-line") else max(1, n // 2)):
+            tok(i)
+        if fault == "cut": return                                          # the connection closes mid-stream
+        if fault == "stall":                                               # keep-alives, never a token again
+            t_end = time.monotonic() + 20
+            while time.monotonic() < t_end: w(b": keep-alive\n\n"); time.sleep(0.05)
+            return
+        if fault == "trickle":                                             # one byte at a time, no end of line
+            t_end = time.monotonic() + 20
+            while time.monotonic() < t_end: w(b"x"); time.sleep(0.05)
+            return
+        bad = {"malformed": b"data: {\"choices\": [\n\n", "not-object": b"data: [1, 2, 3]\n\n",
+               "bad-choices": b'data: {"choices": "abc"}\n\n', "error-event": b'data: {"error": {"message": "out of memory"}}\n\n',
+               "long-line": b"data: " + b" " * (MAX_LINE + 10) + b"\n\n"}.get(fault)
+        if bad is not None: w(bad); tok(n); ev({"choices": [], "usage": usage}); w(b"data: [DONE]\n\n"); return
+        if fault != "no-usage":
+            ev({"choices": [], "usage": None if fault == "null-usage" else {"completion_tokens": "many"} if fault == "bad-usage" else usage})
+        if fault != "no-done": w(b"data: [DONE]\n\n")
+
     def __enter__(self):
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
+        self.httpd = _QuietServer(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         return self
@@ -290,19 +450,26 @@ class TraceRequest:
     output_length: int
     hash_ids: list = field(default_factory=list)
 
+MAX_TRACE_TOKENS = 1 << 24   # longest prompt or output a trace line may ask for (16M tokens)
+
+def _refuse_constant(s): raise ValueError(f"{s} is not a number")
+
 def read_trace(path)->list:
     "Read a mooncake JSONL trace; every error names the file and line."
+    from solar_open2.flags import read_text_file
     out = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for i, line in enumerate(read_text_file(path, "trace").splitlines(), 1):
         if not line.strip(): continue
         where = f"{path}:{i}"
-        try: d = json.loads(line)
-        except json.JSONDecodeError as e: raise ValueError(f"{where}: not JSON ({e.msg})") from None
+        try: d = json.loads(line, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as e: raise ValueError(f"{where}: not JSON ({getattr(e, 'msg', e)})") from None
+        if not isinstance(d, dict): raise ValueError(f"{where}: not a JSON object")
         missing = [k for k in ("timestamp", "input_length", "output_length") if k not in d]
         if missing: raise ValueError(f"{where}: missing {', '.join(missing)}")
         for k in ("input_length", "output_length"):
-            if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1: raise ValueError(f"{where}: {k} must be a positive integer, got {d[k]!r}")
-        if not isinstance(d["timestamp"], (int, float)) or d["timestamp"] < 0: raise ValueError(f"{where}: timestamp must be >= 0 ms, got {d['timestamp']!r}")
+            if not isinstance(d[k], int) or isinstance(d[k], bool) or not 1 <= d[k] <= MAX_TRACE_TOKENS:
+                raise ValueError(f"{where}: {k} must be an integer in 1..{MAX_TRACE_TOKENS:,}, got {d[k]!r}")
+        if not isinstance(d["timestamp"], (int, float)) or isinstance(d["timestamp"], bool) or not 0 <= d["timestamp"] < 1e12: raise ValueError(f"{where}: timestamp must be >= 0 ms, got {d['timestamp']!r}")
         h = d.get("hash_ids", [])
         if not isinstance(h, list) or not all(isinstance(x, int) for x in h): raise ValueError(f"{where}: hash_ids must be a list of integers")
         out.append(TraceRequest(d["timestamp"], d["input_length"], d["output_length"], h))
@@ -316,7 +483,10 @@ def write_trace(reqs:list, path)->Path:
 def make_trace(n:int, seed:int=0, rate:float=1.0, input_len:tuple=(1024, 8192), output_len:tuple=(64, 512),
                shared_blocks:int=2, shared_frac:float=0.5)->list:
     "A synthetic trace: Poisson arrivals at `rate` req/s, uniform lengths; `shared_frac` share a `shared_blocks` prefix."
-    if n < 1 or rate <= 0: raise ValueError("make_trace needs n >= 1 and rate > 0")
+    if not (isinstance(n, int) and n >= 1 and math.isfinite(rate) and rate > 0): raise ValueError("make_trace needs n >= 1 and a finite rate > 0")
+    for name, (lo, hi) in (("--input-len", input_len), ("--output-len", output_len)):
+        if not 1 <= lo <= hi <= MAX_TRACE_TOKENS: raise ValueError(f"{name} takes MIN,MAX with 1 <= MIN <= MAX <= {MAX_TRACE_TOKENS:,}, got {lo},{hi}")
+    if not 0 <= shared_frac <= 1: raise ValueError(f"shared_frac must be in [0, 1], got {shared_frac}")
     rng, t, nxt, out = random.Random(seed), 0.0, 1_000_000, []
     for _ in range(n):
         L, O = rng.randint(*input_len), rng.randint(*output_len)
@@ -374,7 +544,7 @@ def sla_report(results:list, ttft_slo:float|None=None, tps_slo:float|None=None)-
     span = (max(r.t_end for r in ok) - min(r.t_send for r in ok)) if ok else None
     out_tok = sum(r.completion_tokens for r in ok)
     rep = {"requests": len(results), "ok": len(ok), "failed": len(results) - len(ok),
-           "errors": [r.error for r in results if not r.ok][:5],
+           "failures": [{"index": r.tag.get("index", i), "error": r.error or "incomplete"} for i, r in enumerate(results) if not r.ok],
            "prompt_tokens": sum(r.prompt_tokens or 0 for r in ok), "completion_tokens": out_tok,
            "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
            "user_tps_p50": percentile(tps, 50), "user_tps_p10": percentile(tps, 10),
@@ -414,7 +584,7 @@ def _fmt(v, spec=".3f"): return "-" if v is None else format(v, spec)
 def _resolve_model(a)->str|None:
     if a.model: return a.model
     ids = list_models(a.url, a.api_key, timeout=min(a.timeout, 30))
-    if not ids: raise ConnectionError(f"{a.url} serves no model")
+    if not ids: raise ConnectionError(f"GET {_endpoint(a.url, '/v1/models')}: the server lists no model (give --model)")
     return ids[0]
 
 def _write_out(a, doc:dict):
@@ -422,43 +592,106 @@ def _write_out(a, doc:dict):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
 
-def cli_bench(argv:list|None=None)->int:
-    "`solar-open2 bench smoke|single|sweep|trace|make-trace`: measure an OpenAI-compatible server."
-    import argparse, datetime, os
-    ap = argparse.ArgumentParser(prog="solar-open2 bench", description=cli_bench.__doc__)
-    sub = ap.add_subparsers(dest="mode", required=True)
+def _url(s:str)->str:
+    import argparse
+    try: _base(s)
+    except ValueError as e: raise argparse.ArgumentTypeError(str(e).removeprefix("--url ")) from None
+    return s
+
+def _lengths(s:str)->list:
+    import argparse
+    try: v = parse_lengths(s)
+    except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+    if not v: raise argparse.ArgumentTypeError(f"{s!r} lists no length")
+    return v
+
+def _count(s:str)->int:
+    import argparse
+    try: return parse_count(s)
+    except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+
+def _what(r:RequestResult)->str:
+    "Which request `r` was, from its tag: the trace index or the sweep length, for per-request messages."
+    t = r.tag
+    if "index" in t: return f"request {t['index']} ({t.get('input_length')} tok in)"
+    if "prompt_len" in t: return f"prompt {t['prompt_len']} tok" + (f", repeat {t['repeat']}" if t.get("repeat") else "")
+    return "request"
+
+def _progress(total:int, quiet:bool):
+    "An `on_result` that prints one line per finished request on stderr: `[k/N] ok ...` or `[k/N] FAILED ...`."
+    lock, n = threading.Lock(), [0]
+    def show(r:RequestResult):
+        if quiet: return
+        with lock:
+            n[0] += 1
+            line = (f"ok: TTFT {_fmt(r.ttft)} s, decode {_fmt(r.decode_tps, '.2f')} tok/s" if r.ok else f"FAILED: {r.error}")
+            print(f"[{n[0]}/{total}] {_what(r)} {line}", file=sys.stderr, flush=True)
+    return show
+
+BENCH_EXAMPLES = """examples:
+  solar-open2 bench smoke --url http://127.0.0.1:8000
+  solar-open2 bench single --prompt-len 8K --max-tokens 256
+  solar-open2 bench sweep --lengths 2K,8K,32K --repeats 2 --out sweep.json --plot sweep.png
+  solar-open2 bench make-trace trace.jsonl --n 64 --rate 0.5
+  solar-open2 bench trace trace.jsonl --concurrency 8 --ttft-slo 2 --tps-slo 5 --out trace.json"""
+
+def bench_parser():
+    "The argument parser of `solar-open2 bench` (every option with its help and default)."
+    import argparse
+    from solar_open2 import flags
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ap = argparse.ArgumentParser(prog="solar-open2 bench", description=cli_bench.__doc__, epilog=BENCH_EXAMPLES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True, metavar="MODE")
+    def mode(name, help):
+        return sub.add_parser(name, help=help, description=help, formatter_class=fmt)
     def common(p):
-        p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
-        p.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
-        p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
-        p.add_argument("--timeout", type=float, default=3600, help="seconds per request")
+        p.add_argument("--url", type=_url, default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
+        p.add_argument("--model", type=flags.name, help="served model name (default: the first of GET /v1/models)")
+        p.add_argument("--api-key", help="bearer token (default: $OPENAI_API_KEY)")
+        p.add_argument("--timeout", type=flags.positive_float, default=3600, help="seconds per request, connection to [DONE]")
         p.add_argument("--out", help="write the full JSON report here")
         p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
-    p = sub.add_parser("smoke", help="greedy 'The capital of Japan is' and check the answer"); common(p)
-    p.add_argument("--prompt", default="The capital of Japan is"); p.add_argument("--expect", default="Tokyo")
-    p.add_argument("--max-tokens", type=int, default=16)
-    p = sub.add_parser("single", help="one stream: TTFT and decode tok/s"); common(p)
+    def progress(p): p.add_argument("--quiet", action="store_true", help="no progress line per request on stderr")
+    p = mode("smoke", "greedy 'The capital of Japan is' and check the answer"); common(p)
+    p.add_argument("--prompt", default="The capital of Japan is", help="text prompt")
+    p.add_argument("--expect", default="Tokyo", help="text the answer must contain (case-insensitive)")
+    p.add_argument("--max-tokens", type=flags.positive_int, default=16, help="tokens to generate at most")
+    p = mode("single", "one stream: TTFT and decode tok/s"); common(p)
     p.add_argument("--prompt", help="text prompt (default: --prompt-len random token ids)")
-    p.add_argument("--prompt-len", type=parse_count, default=2048); p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--prompt-len", type=_count, default=2048, help="random token ids in the prompt (2048, 2K, 1M)")
+    p.add_argument("--max-tokens", type=flags.positive_int, default=256, help="tokens to generate (EOS ignored)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (text prompt only)")
-    p = sub.add_parser("sweep", help="TTFT and decode tok/s against prompt length"); common(p)
-    p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("2K,8K,32K,128K"))
-    p.add_argument("--max-tokens", type=int, default=128); p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0); p.add_argument("--plot", help="write the sweep plot (PNG)")
-    p = sub.add_parser("trace", help="replay a mooncake JSONL trace and report the SLA"); common(p)
+    p = mode("sweep", "TTFT and decode tok/s against prompt length"); common(p); progress(p)
+    p.add_argument("--lengths", type=_lengths, default="2K,8K,32K,128K", help="prompt lengths in tokens, comma-separated")
+    p.add_argument("--max-tokens", type=flags.positive_int, default=128, help="tokens to generate per request")
+    p.add_argument("--repeats", type=flags.positive_int, default=1, help="requests per length")
+    p.add_argument("--seed", type=flags.seed, default=0, help="seed of the random prompts")
+    p.add_argument("--plot", help="write the sweep plot (PNG)")
+    p = mode("trace", "replay a mooncake JSONL trace and report the SLA"); common(p); progress(p)
     p.add_argument("trace", help="mooncake-format JSONL file")
-    p.add_argument("--concurrency", type=int, default=8); p.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply inter-arrival times (0: as fast as --concurrency allows)")
-    p.add_argument("--max-requests", type=int); p.add_argument("--ttft-slo", type=float, help="seconds")
-    p.add_argument("--tps-slo", type=float, help="per-user decode tok/s"); p.add_argument("--plot", help="write the trace plot (PNG)")
-    p = sub.add_parser("make-trace", help="write a synthetic mooncake trace")
-    p.add_argument("out", help="JSONL file to write"); p.add_argument("--n", type=int, default=64)
-    p.add_argument("--rate", type=float, default=0.5, help="arrivals per second"); p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--input-len", type=parse_lengths, default=parse_lengths("1K,32K"), help="MIN,MAX prompt tokens")
-    p.add_argument("--output-len", type=parse_lengths, default=parse_lengths("64,1K"), help="MIN,MAX output tokens")
+    p.add_argument("--concurrency", type=flags.positive_int, default=8, help="requests in flight at most")
+    p.add_argument("--time-scale", type=flags.nonneg_float, default=1.0, help="multiply inter-arrival times (0: as fast as --concurrency allows)")
+    p.add_argument("--max-requests", type=flags.positive_int, help="replay only the first N requests (default: all)")
+    p.add_argument("--ttft-slo", type=flags.positive_float, help="TTFT target, seconds (default: none)")
+    p.add_argument("--tps-slo", type=flags.positive_float, help="per-user decode target, tok/s (default: none)")
+    p.add_argument("--plot", help="write the trace plot (PNG)")
+    p = mode("make-trace", "write a synthetic mooncake trace")
+    p.add_argument("out", help="JSONL file to write")
+    p.add_argument("--n", type=flags.positive_int, default=64, help="requests")
+    p.add_argument("--rate", type=flags.positive_float, default=0.5, help="arrivals per second")
+    p.add_argument("--seed", type=flags.seed, default=0, help="random seed")
+    p.add_argument("--input-len", type=_lengths, default="1K,32K", help="MIN,MAX prompt tokens")
+    p.add_argument("--output-len", type=_lengths, default="64,1K", help="MIN,MAX output tokens")
+    return ap
+
+def cli_bench(argv:list|None=None)->int:
+    "`solar-open2 bench smoke|single|sweep|trace|make-trace`: measure an OpenAI-compatible server."
+    import datetime, os
+    ap = bench_parser()
     try: a = ap.parse_args(argv)
     except SystemExit as e: return int(e.code or 0)
-    err = lambda m: (print(f"solar-open2 bench: {m}", file=sys.stderr), 2)[1]
+    err = lambda m: (print(f"solar-open2 bench {a.mode}: error: {m}", file=sys.stderr), 2)[1]
 
     if a.mode == "make-trace":
         try:
@@ -466,51 +699,59 @@ def cli_bench(argv:list|None=None)->int:
             tr = make_trace(a.n, a.seed, a.rate, tuple(a.input_len), tuple(a.output_len))
         except ValueError as e: return err(e)
         write_trace(tr, a.out); print(f"wrote {len(tr)} requests to {a.out}"); return 0
+    if a.api_key is None: a.api_key = os.environ.get("OPENAI_API_KEY")
     try:
         if a.mode == "trace": trace = read_trace(a.trace)
-        _base(a.url); model = _resolve_model(a)
+        model = _resolve_model(a)
     except (OSError, ValueError, http.client.HTTPException) as e: return err(e)
     doc = {"command": "solar-open2 bench " + " ".join(argv if argv is not None else sys.argv[1:]), "mode": a.mode,
            "url": a.url, "model": model, "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     kw = dict(api_key=a.api_key, timeout=a.timeout)
-    try:
-        if a.mode == "smoke":
-            r = single_stream(a.url, model, a.prompt, a.max_tokens, ignore_eos=False, **kw)
-            good = r.ok and a.expect.lower() in r.text.lower()
-            doc.update(result=r.to_dict(), passed=good)
-            print(json.dumps(doc, indent=1) if a.json else f"{a.prompt}{r.text}\n\n{'PASS' if good else 'FAIL'}: "
-                  f"expected {a.expect!r}; TTFT {_fmt(r.ttft)} s" + (f"; error: {r.error}" if r.error else ""))
-            _write_out(a, doc); return 0 if good else 1
-        if a.mode == "single":
-            prompt = a.prompt if a.prompt is not None else random_tokens(a.prompt_len, "single")
-            r = single_stream(a.url, model, prompt, a.max_tokens, chat=a.chat, **kw)
-            doc.update(result=r.to_dict()); _write_out(a, doc)
-            print(json.dumps(doc, indent=1) if a.json else f"prompt {r.prompt_tokens} tok, output {r.completion_tokens} tok: "
-                  f"TTFT {_fmt(r.ttft)} s, decode {_fmt(r.decode_tps, '.2f')} tok/s" + (f"; error: {r.error}" if r.error else ""))
-            return 0 if r.ok else 1
-        if a.mode == "sweep":
-            res = prompt_sweep(a.url, model, a.lengths, a.max_tokens, a.repeats, a.seed, **kw)
-            rows = sweep_summary(res)
-            doc.update(results=[r.to_dict() for r in res], summary=rows); _write_out(a, doc)
-            if a.plot: plot_sweep(rows, a.plot)
-            if a.json: print(json.dumps(doc, indent=1))
-            else:
-                print(f"{'prompt':>9} {'ok':>4} {'TTFT s':>9} {'prefill tok/s':>14} {'decode tok/s':>13}")
-                for w in rows: print(f"{w['prompt_len']:>9} {w['ok']:>4} {_fmt(w['ttft_s']):>9} {_fmt(w['prefill_tps'], '.0f'):>14} {_fmt(w['decode_tps'], '.2f'):>13}")
-            return 0 if all(r.ok for r in res) else 1
-        # trace
-        res = replay(a.url, model, trace, a.concurrency, a.time_scale, a.max_requests, **kw)
-        rep = sla_report(res, a.ttft_slo, a.tps_slo)
-        doc.update(trace=str(a.trace), concurrency=a.concurrency, time_scale=a.time_scale, summary=rep,
-                   results=[r.to_dict() for r in res]); _write_out(a, doc)
-        if a.plot: plot_trace(res, a.plot)
+    if a.mode == "smoke":
+        r = single_stream(a.url, model, a.prompt, a.max_tokens, ignore_eos=False, **kw)
+        good = r.ok and a.expect.lower() in r.text.lower()
+        doc.update(result=r.to_dict(), passed=good)
+        print(json.dumps(doc, indent=1) if a.json else f"{a.prompt}{r.text}\n\n{'PASS' if good else 'FAIL'}: "
+              f"expected {a.expect!r}; TTFT {_fmt(r.ttft)} s" + (f"; error: {r.error}" if r.error else ""))
+        _write_out(a, doc); return 0 if good else 1
+    if a.mode == "single":
+        prompt = a.prompt if a.prompt is not None else random_tokens(a.prompt_len, "single")
+        try: r = single_stream(a.url, model, prompt, a.max_tokens, chat=a.chat, **kw)
+        except ValueError as e: return err(e)
+        doc.update(result=r.to_dict()); _write_out(a, doc)
+        print(json.dumps(doc, indent=1) if a.json else
+              f"prompt {r.prompt_tokens} tok, output {r.completion_tokens} tok: TTFT {_fmt(r.ttft)} s, decode {_fmt(r.decode_tps, '.2f')} tok/s"
+              if r.ok else f"FAILED: {r.error}")
+        return 0 if r.ok else 1
+    if a.mode == "sweep":
+        res = prompt_sweep(a.url, model, a.lengths, a.max_tokens, a.repeats, a.seed,
+                           on_result=_progress(len(a.lengths) * a.repeats, a.quiet), **kw)
+        rows = sweep_summary(res)
+        doc.update(results=[r.to_dict() for r in res], summary=rows, failures=[{**r.tag, "error": r.error} for r in res if not r.ok])
+        _write_out(a, doc)
+        if a.plot: plot_sweep(rows, a.plot)
         if a.json: print(json.dumps(doc, indent=1))
         else:
-            print(f"requests {rep['ok']}/{rep['requests']} ok; tokens in {rep['prompt_tokens']:,} out {rep['completion_tokens']:,}\n"
-                  f"TTFT p50 {_fmt(rep['ttft_p50_s'])} s  p90 {_fmt(rep['ttft_p90_s'])} s  p99 {_fmt(rep['ttft_p99_s'])} s\n"
-                  f"per-user decode p50 {_fmt(rep['user_tps_p50'], '.2f')} tok/s  p10 {_fmt(rep['user_tps_p10'], '.2f')} tok/s; "
-                  f"aggregate {_fmt(rep['output_tps'], '.1f')} tok/s over {_fmt(rep['duration_s'], '.1f')} s"
-                  + (f"\nSLO attainment {rep['slo_attainment']:.1%}" if "slo_attainment" in rep else ""))
-            for e in rep["errors"]: print(f"error: {e}")
-        return 0 if rep["failed"] == 0 else 1
-    except ValueError as e: return err(e)
+            print(f"{'prompt':>9} {'ok':>7} {'TTFT s':>9} {'prefill tok/s':>14} {'decode tok/s':>13}")
+            for w in rows: print(f"{w['prompt_len']:>9} {str(w['ok']) + '/' + str(w['requests']):>7} {_fmt(w['ttft_s']):>9} "
+                                 f"{_fmt(w['prefill_tps'], '.0f'):>14} {_fmt(w['decode_tps'], '.2f'):>13}")
+            for r in res:
+                if not r.ok: print(f"failed: {_what(r)}: {r.error}")
+        return 0 if all(r.ok for r in res) else 1
+    # trace
+    n = len(trace) if a.max_requests is None else min(a.max_requests, len(trace))
+    res = replay(a.url, model, trace, a.concurrency, a.time_scale, a.max_requests, on_result=_progress(n, a.quiet), **kw)
+    rep = sla_report(res, a.ttft_slo, a.tps_slo)
+    doc.update(trace=str(a.trace), concurrency=a.concurrency, time_scale=a.time_scale, summary=rep,
+               results=[r.to_dict() for r in res]); _write_out(a, doc)
+    if a.plot: plot_trace(res, a.plot)
+    if a.json: print(json.dumps(doc, indent=1))
+    else:
+        print(f"requests {rep['ok']}/{rep['requests']} complete; tokens in {rep['prompt_tokens']:,} out {rep['completion_tokens']:,} "
+              f"(complete requests only)\n"
+              f"TTFT p50 {_fmt(rep['ttft_p50_s'])} s  p90 {_fmt(rep['ttft_p90_s'])} s  p99 {_fmt(rep['ttft_p99_s'])} s\n"
+              f"per-user decode p50 {_fmt(rep['user_tps_p50'], '.2f')} tok/s  p10 {_fmt(rep['user_tps_p10'], '.2f')} tok/s; "
+              f"aggregate {_fmt(rep['output_tps'], '.1f')} tok/s over {_fmt(rep['duration_s'], '.1f')} s"
+              + (f"\nSLO attainment {rep['slo_attainment']:.1%}" if "slo_attainment" in rep else ""))
+        for f in rep["failures"]: print(f"failed: request {f['index']}: {f['error']}")
+    return 0 if rep["failed"] == 0 else 1

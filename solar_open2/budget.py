@@ -590,7 +590,7 @@ def rank_config(cfg:SolarOpen2Config, tp:int)->SolarOpen2Config:
     return SolarOpen2Config.from_dict(d, source=f"rank_config(tp={tp})")
 
 # %% ../nbs/07_budget.ipynb #8a5751c0
-def save_plots(out_dir, tp:int=2, max_model_len:int=1_048_576, kv_cache_dtype:str="auto", cfg=None, dpi:int=60)->list:
+def save_plots(out_dir, tp:int=2, max_model_len:int=1_048_576, kv_cache_dtype:str="auto", cfg=None, dpi:int=160)->list:
     "Write tokens_vs_pool.png, headroom_vs_pool.png and decode_vs_context.png into `out_dir`; return their paths."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -665,21 +665,21 @@ def cli_budget(argv:list|None=None)->int:
     "`solar-open2 budget`: the memory and bandwidth budget of one `vllm serve` configuration."
     ap = _Parser(prog="solar-open2 budget", description=cli_budget.__doc__)
     ap.add_argument("--model", help="checkpoint directory (or config.json) to read the config from (default: the real model)")
-    ap.add_argument("--preset", choices=("real", "tiny"), default="real", help="config preset when no --model is given")
-    ap.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=2, help="tensor-parallel degree")
+    ap.add_argument("--preset", choices=("real", "tiny"), default="real", help="config preset when no --model is given (default real)")
+    ap.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=2, help="tensor-parallel degree (default 2)")
     ap.add_argument("--kv-cache-memory-bytes", default="28000000000",
-                    help="KV pool per GPU, vLLM notation: 28000000000, 28g (decimal), 26G (binary)")
+                    help="KV pool per GPU, vLLM notation: 28000000000, 28g (decimal), 26G (binary) (default 28000000000)")
     ap.add_argument("--max-model-len", default=None, help="tokens per request (vLLM notation, e.g. 1M = 1048576); default: the config's maximum")
-    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--enable-prefix-caching", action="store_true")
-    ap.add_argument("--max-num-seqs", type=int, default=1024)
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="KV cache dtype: auto (the model's, BF16) or fp8 (default auto)")
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per attention KV block, a multiple of 16 (default 16)")
+    ap.add_argument("--enable-prefix-caching", action="store_true", help="plan vLLM's prefix caching (its block alignment of the KDA state)")
+    ap.add_argument("--max-num-seqs", type=int, default=1024, help="requests scheduled at once, as vLLM's flag (default 1024, vLLM's)")
     ap.add_argument("--num-speculative-tokens", type=int, default=0, help="draft tokens verified per step (their KDA state slots)")
     ap.add_argument("--gpu", choices=tuple(GPUS), help="plan one rank on this datacenter GPU instead of a DGX Spark")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None,
                     help="with --gpu: size the pool from this fraction of the GPU (an estimate) instead of --kv-cache-memory-bytes")
-    ap.add_argument("--build", choices=("nvfp4", "bf16"), default="nvfp4", help="routed experts in NVFP4 (Nota's checkpoint) or BF16")
-    ap.add_argument("--router-dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--build", choices=("nvfp4", "bf16"), default="nvfp4", help="routed experts in NVFP4 (Nota's checkpoint) or BF16 (default nvfp4)")
+    ap.add_argument("--router-dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the MoE router weights on the GPU (default float32)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     try:
         a = ap.parse_args(argv)

@@ -4,7 +4,8 @@
 
 # %% ../nbs/11_chat.ipynb #a0c9763c
 from __future__ import annotations
-import json, re
+import json, math, re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -14,8 +15,8 @@ __all__ = ['BOS', 'EOS', 'IM_START', 'IM_END', 'IM_CONTENT', 'THINK_START', 'THI
            'TOOL_RESPONSE_START', 'TOOL_RESPONSE_END', 'SPECIAL_TOKENS', 'ROLE_TOKEN_IDS', 'OPEN_EFFORTS',
            'CLOSED_EFFORTS', 'THINK_RENDER_OPTIONS', 'CHAT_TEMPLATE', 'segment', 'known_ids', 'thinking_is_open',
            'render_chat', 'split_reasoning', 'reasoning_ended', 'content_token_ids', 'StreamDelta', 'ReasoningStream',
-           'coerce_value', 'ToolCall', 'tool_schemas', 'parse_call_body', 'parse_tool_calls', 'ToolCallStream',
-           'ChatOutput', 'parse_chat_output', 'ChatStream']
+           'strict_json', 'coerce_value', 'ToolCall', 'tool_schemas', 'parse_call_body', 'parse_tool_calls',
+           'ToolCallStream', 'ChatOutput', 'parse_chat_output', 'ChatStream']
 
 # %% ../nbs/11_chat.ipynb #d6536c65
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
@@ -251,11 +252,30 @@ class ReasoningStream:
 
 # %% ../nbs/11_chat.ipynb #8e8ee857
 def _schema_types(schema:dict)->list:
+    "The JSON type names a schema allows: its `type` (a name or a list), else those of its `anyOf`/`oneOf` branches; malformed parts ignored."
     t = schema.get("type")
     if t is None:
-        t = [s.get("type") for k in ("anyOf", "oneOf") for s in schema.get(k, []) if isinstance(s, dict)]
-        t = [x for y in t for x in (y if isinstance(y, list) else [y]) if x]
-    return [t] if isinstance(t, str) else list(t)
+        t = [s.get("type") for k in ("anyOf", "oneOf") if isinstance(schema.get(k), list) for s in schema[k] if isinstance(s, dict)]
+        t = [x for y in t for x in (y if isinstance(y, list) else [y])]
+    elif not isinstance(t, list): t = [t]
+    return [x for x in t if isinstance(x, str) and x]
+
+def _finite(s:str)->float:
+    v = float(s)
+    if not math.isfinite(v): raise ValueError(f"{s[:20]!r} is not a finite number")   # 1e400 parses as inf
+    return v
+
+def _refuse(s:str): raise ValueError(f"{s} is not JSON")
+
+_NOT_JSON = object()
+
+def strict_json(raw:str): # text that should be one JSON value
+    "`json.loads(raw)` as strict parsers read JSON: no NaN/Infinity, no number that overflows to infinity, no lone surrogate; `_NOT_JSON` otherwise."
+    try:
+        v = json.loads(raw, parse_constant=_refuse, parse_float=_finite)
+        json.dumps(v, ensure_ascii=False, allow_nan=False).encode("utf-8")     # refuses lone surrogates; deep nesting raises
+    except (ValueError, RecursionError, UnicodeEncodeError): return _NOT_JSON  # JSONDecodeError is a ValueError
+    return v
 
 def coerce_value(raw:str, # the text between `<|tool_arg:value|>` and `<|tool_arg:end|>`
                  schema:dict|None=None, # the argument's JSON schema
@@ -268,13 +288,14 @@ def coerce_value(raw:str, # the text between `<|tool_arg:value|>` and `<|tool_ar
     for t in types:
         if t == "boolean" and raw.strip().lower() in ("true", "false"): return raw.strip().lower() == "true"
         if t in ("integer", "number", "array", "object"):
-            try: v = json.loads(raw)
-            except (json.JSONDecodeError, ValueError): continue
+            v = strict_json(raw)
+            if v is _NOT_JSON: continue
             ok = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool) or (isinstance(v, float) and v.is_integer()),
                   "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
                   "array": lambda v: isinstance(v, list), "object": lambda v: isinstance(v, dict)}[t]
             if ok(v): return int(v) if t == "integer" else v
     return raw
+
 
 # %% ../nbs/11_chat.ipynb #a720bef4
 @dataclass
@@ -285,55 +306,68 @@ class ToolCall:
     index: int = 0   # position among this output's calls
     raw: str = ""    # the source text, `<|tool_call:start|>` to `<|tool_call:end|>`
     @property
-    def arguments_json(self)->str: return json.dumps(self.arguments, ensure_ascii=False)
+    def arguments_json(self)->str: return json.dumps(self.arguments, ensure_ascii=False, allow_nan=False)
     def to_openai(self, id:str|None=None)->dict:
         "The OpenAI `tool_calls` entry."
         return {"id": id or f"call_{self.index}", "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments_json}}
 
 def tool_schemas(tools:list|None)->dict:
-    "{tool name: {argument: schema}} from OpenAI tools (or bare function objects)."
+    "{tool name: {argument: schema}} from OpenAI tools (or bare function objects); whatever is malformed is skipped, never raised on."
     out = {}
-    for t in tools or []:
+    if not isinstance(tools, (list, tuple)): return out
+    for t in tools:
         f = t.get("function", t) if isinstance(t, dict) else None
-        if isinstance(f, dict) and isinstance(f.get("name"), str):
-            params = f.get("parameters") or {}
-            out[f["name"]] = params.get("properties") or {} if isinstance(params, dict) else {}
+        if not (isinstance(f, dict) and isinstance(f.get("name"), str)): continue
+        params = f.get("parameters")
+        props = params.get("properties") if isinstance(params, dict) else None
+        out[f["name"]] = {k: v for k, v in props.items() if isinstance(v, dict)} if isinstance(props, dict) else {}
     return out
 
 _TOOL_MARKERS = (TOOL_CALL_START, TOOL_CALL_END, TOOL_ARG_START, TOOL_ARG_VALUE, TOOL_ARG_END)
-_ARG_RE = re.compile(re.escape(TOOL_ARG_START) + "(.*?)" + re.escape(TOOL_ARG_VALUE) + "(.*?)" + re.escape(TOOL_ARG_END), re.S)
+_MARKER_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in _TOOL_MARKERS) + ")")
+_ARG = (TOOL_ARG_START, TOOL_ARG_VALUE, TOOL_ARG_END)
 _NAME_RE = re.compile(r"[^\s<>|]+")
 
 def parse_call_body(body:str, # the text between `<|tool_call:start|>` and `<|tool_call:end|>`
                     schemas:dict|None=None, # from `tool_schemas`
                     index:int=0)->ToolCall|None: # None when the body does not follow the grammar
-    "Parse one call body: a name line then argument triples separated only by whitespace."
+    "Parse one call body: a name line then argument triples separated only by whitespace; one pass over the body."
     cut = min(i for i in (body.find("\n"), body.find(TOOL_ARG_START), len(body)) if i >= 0)
     name, rest = body[:cut].strip(), body[cut:]
     if not _NAME_RE.fullmatch(name): return None
-    props, args, pos = (schemas or {}).get(name, {}), {}, 0
-    for m in _ARG_RE.finditer(rest):
-        key, val = m.group(1).strip(), m.group(2)
-        if rest[pos:m.start()].strip() or not key or key in args or any(t in key or t in val for t in _TOOL_MARKERS):
-            return None
-        args[key], pos = coerce_value(val, props.get(key)), m.end()
-    if rest[pos:].strip(): return None
+    parts = _MARKER_SPLIT.split(rest)          # [text, marker, text, marker, ..., text]
+    if (len(parts) - 1) % 6 or parts[0].strip(): return None
+    props, args = (schemas or {}).get(name, {}), {}
+    for i in range(1, len(parts), 6):          # marker, key, marker, value, marker, gap
+        start, key, value, val, end, gap = parts[i:i + 6]
+        key = key.strip()
+        if (start, value, end) != _ARG or gap.strip() or not key or key in args: return None
+        args[key] = coerce_value(val, props.get(key))
     return ToolCall(name, args, index, TOOL_CALL_START + body + TOOL_CALL_END)
 
+
 # %% ../nbs/11_chat.ipynb #f8246a5f
+def _positions(text:str, marker:str)->list: return [m.start() for m in re.finditer(re.escape(marker), text)]
+
+def _first(pos:list, at:int)->int:
+    "The first of the sorted positions `pos` at or after `at`, -1 if none: `text.find(marker, at)` without rescanning."
+    i = bisect_left(pos, at)
+    return pos[i] if i < len(pos) else -1
+
 def parse_tool_calls(text:str, # content from the reasoning parser
                      tools:list|None=None, # OpenAI tools, for argument types
                     )->tuple: # (content or None, [ToolCall])
     "Extract the tool calls from model content; everything that is not a well-formed call stays content."
     schemas, content, calls, pos, after_call = tool_schemas(tools), [], [], 0, False
+    starts, ends = _positions(text, TOOL_CALL_START), _positions(text, TOOL_CALL_END)   # markers never overlap themselves
     while True:
-        start = text.find(TOOL_CALL_START, pos)
+        start = _first(starts, pos)
         between = text[pos:] if start < 0 else text[pos:start]
         if not (after_call and between.strip() == ""): content.append(between)
         if start < 0: break
         body_at = start + len(TOOL_CALL_START)
-        end, nxt = text.find(TOOL_CALL_END, body_at), text.find(TOOL_CALL_START, body_at)
+        end, nxt = _first(ends, body_at), _first(starts, body_at)
         if end < 0 or 0 <= nxt < end:                                     # unterminated: raw text up to the next call
             stop = nxt if nxt >= 0 else len(text)
             content.append(text[start:stop]); pos, after_call = stop, False; continue
@@ -343,47 +377,53 @@ def parse_tool_calls(text:str, # content from the reasoning parser
         pos, after_call = end + len(TOOL_CALL_END), call is not None
     return "".join(content) or None, calls
 
+
 # %% ../nbs/11_chat.ipynb #eb5a87dd
+_CALL_MARKERS = (TOOL_CALL_START, TOOL_CALL_END)
+_CALL_SPLIT = re.compile("(" + "|".join(re.escape(t) for t in _CALL_MARKERS) + ")")
+
 class ToolCallStream:
     "Streaming `parse_tool_calls`: feed content deltas, get content text and complete `ToolCall`s; `finish()` at the end."
     def __init__(self, tools:list|None=None):
         self.schemas, self.n_calls = tool_schemas(tools), 0
-        self._buf, self._in_call, self._after_call = "", False, False
+        self._tail = ""           # the end of the input so far that may be the start of a call marker: held back
+        self._call = None         # inside a call: the pieces of its body so far; None outside
+        self._ws = []             # whitespace after a call, held until we know whether content follows
+        self._after_call = False
 
-    def _text(self, out:StreamDelta, final:bool):
-        "Emit buffered text outside calls; hold back a possible marker prefix and post-call whitespace."
-        k = 0 if final else _holdback(self._buf, (TOOL_CALL_START,))
-        emit = self._buf[:len(self._buf) - k]
-        if self._after_call and emit.strip() == "":
-            if final: self._buf = ""
-            return                                         # whitespace after a call: wait, or drop at the end
-        out.content += emit; self._buf, self._after_call = self._buf[len(emit):], False
-
-    def _step(self, out:StreamDelta, final:bool=False):
-        while True:
-            if not self._in_call:
-                start = self._buf.find(TOOL_CALL_START)
-                if start < 0: return self._text(out, final)
-                before, self._buf = self._buf[:start], self._buf[start:]
-                if not (self._after_call and before.strip() == ""): out.content += before
-                self._in_call, self._after_call = True, False
-            body_at = len(TOOL_CALL_START)
-            end, nxt = self._buf.find(TOOL_CALL_END, body_at), self._buf.find(TOOL_CALL_START, body_at)
-            if 0 <= nxt and (end < 0 or nxt < end):                 # unterminated, a new call starts
-                out.content += self._buf[:nxt]; self._buf, self._in_call = self._buf[nxt:], False; continue
-            if end < 0:
-                if final: out.content += self._buf; self._buf, self._in_call = "", False
-                return                                              # wait for the end marker
-            call = parse_call_body(self._buf[body_at:end], self.schemas, self.n_calls)
-            if call is None: out.content += self._buf[:end + len(TOOL_CALL_END)]
+    def _piece(self, out:StreamDelta, p:str):
+        "One piece of input: a call marker, or text that holds none."
+        if not p: return
+        if p == TOOL_CALL_START:
+            if self._call is not None: out.content += TOOL_CALL_START + "".join(self._call)   # unterminated: text
+            self._call, self._ws, self._after_call = [], [], False           # whitespace before a call is format
+        elif self._call is not None and p != TOOL_CALL_END: self._call.append(p)
+        elif self._call is not None:
+            body, self._call = "".join(self._call), None
+            call = parse_call_body(body, self.schemas, self.n_calls)
+            if call is None: out.content += TOOL_CALL_START + body + TOOL_CALL_END
             else: out.tool_calls.append(call); self.n_calls += 1
-            self._buf, self._in_call, self._after_call = self._buf[end + len(TOOL_CALL_END):], False, call is not None
+            self._after_call = call is not None
+        elif self._after_call and p.isspace(): self._ws.append(p)            # wait: format or content?
+        else: out.content += "".join(self._ws) + p; self._ws, self._after_call = [], False
+
+    def _scan(self, out:StreamDelta, delta:str, final:bool):
+        "Cut the held-back tail + `delta` at the call markers, holding back a new tail; each character is looked at a bounded number of times."
+        parts = _CALL_SPLIT.split(self._tail + delta)
+        last = parts.pop()
+        for p in parts: self._piece(out, p)
+        k = 0 if final else _holdback(last, _CALL_MARKERS)
+        self._piece(out, last[:len(last) - k]); self._tail = last[len(last) - k:]
 
     def feed(self, delta:str)->StreamDelta:
-        out = StreamDelta(); self._buf += delta; self._step(out); return out
+        out = StreamDelta(); self._scan(out, delta, False); return out
 
     def finish(self)->StreamDelta:
-        out = StreamDelta(); self._step(out, final=True); return out
+        out = StreamDelta(); self._scan(out, "", True)
+        if self._call is not None: out.content += TOOL_CALL_START + "".join(self._call)      # never ended: text
+        self._call, self._ws, self._after_call = None, [], False                            # trailing whitespace is format
+        return out
+
 
 # %% ../nbs/11_chat.ipynb #1d16bd9d
 @dataclass

@@ -4,9 +4,9 @@
 
 # %% ../nbs/05_checkpoint.ipynb #8179d730
 from __future__ import annotations
-import fnmatch, functools, json, math, os, re, shutil, struct, time
+import fnmatch, functools, hashlib, json, math, os, re, shutil, stat, struct, time, zlib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 from tqdm import tqdm
@@ -15,13 +15,14 @@ from .config import SolarOpen2Config, TensorSpec, tensor_specs, FULL, LINEAR
 from . import nvfp4, chat
 
 # %% auto #0
-__all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'PARTIAL_SUFFIXES', 'EXPERT_FORMS', 'TINY_VERSION',
-           'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS',
-           'CACHE_ENV', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo', 'read_header',
-           'nvfp4_layout', 'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules',
-           'quantization_problems', 'CheckpointScan', 'scan_checkpoint', 'CheckpointReader', 'layer_nbytes',
-           'tiny_weights', 'tiny_tokenizer', 'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'preflight',
-           'cli_preflight', 'real_checkpoint']
+__all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'MAX_JSON_BYTES', 'PARTIAL_SUFFIXES', 'EXPERT_FORMS',
+           'TINY_VERSION', 'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_SPECIAL_TOKENS',
+           'TINY_CORPUS', 'CACHE_ENV', 'FLOAT_DTYPES', 'SAMPLE_BYTES', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT',
+           'CheckpointError', 'TensorInfo', 'open_regular', 'read_json', 'read_header', 'nvfp4_layout',
+           'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems',
+           'CheckpointScan', 'tree_file', 'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes',
+           'tiny_weights', 'tiny_tokenizer', 'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint',
+           'scan_values', 'preflight', 'content_manifest', 'manifest_problems', 'cli_preflight', 'real_checkpoint']
 
 # %% ../nbs/05_checkpoint.ipynb #6db45b75
 INDEX_NAME = "model.safetensors.index.json"
@@ -49,37 +50,89 @@ class TensorInfo:
     @property
     def nbytes(self)->int: return self.end - self.begin
 
+MAX_JSON_BYTES = 128 << 20   # config.json, the index, tokenizer files: the real index is ~20 MB
+
+def _kind(mode:int)->str:
+    return next((k for f, k in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                                (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")) if f(mode)), "not a regular file")
+
+def open_regular(path)->int:
+    "A read-only descriptor on `path`, a regular file; a FIFO, device or socket is refused from its metadata and never opened (no hang)."
+    st = os.stat(path)                                   # follows symlinks; FileNotFoundError names the path
+    if not stat.S_ISREG(st.st_mode): raise CheckpointError(f"{Path(path).name}: {_kind(st.st_mode)}, not a file: never opened")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))   # O_NONBLOCK: a FIFO swapped in cannot block
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd); raise CheckpointError(f"{Path(path).name}: {_kind(st.st_mode)}, not a file: never read")
+    return fd
+
+def _no_constant(c): raise ValueError(f"{c} is not JSON")   # json.loads would read NaN and Infinity
+
+def read_json(path, what:str|None=None):
+    "A JSON file of the tree (regular, at most `MAX_JSON_BYTES`, strict JSON: no NaN); `CheckpointError` naming it otherwise."
+    what = what or Path(path).name
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_JSON_BYTES: raise CheckpointError(f"{what}: larger than {MAX_JSON_BYTES:,} bytes")
+        raw = f.read(MAX_JSON_BYTES + 1)
+    try: return json.loads(raw, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e: raise CheckpointError(f"{what}: not valid JSON ({e})") from None
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d: raise ValueError(f"duplicate key {k!r}")
+        d[k] = v
+    return d
+
+def _is_count(x)->bool: return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
 def read_header(path)->tuple:
-    "Parse the header of safetensors file `path`: `({name: TensorInfo}, metadata)`; raises `CheckpointError` naming the file."
+    "Parse and validate the header of safetensors file `path` as safetensors does: `({name: TensorInfo}, metadata)`; `CheckpointError` naming file, tensor and byte."
     p = Path(path)
-    size = p.stat().st_size
-    with open(p, "rb") as f:
+    fd = open_regular(p)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) < 8: raise CheckpointError(f"{p.name}: {size} bytes, too short for a safetensors header (truncated?)")
         (n,) = struct.unpack("<Q", head)
         if n > min(MAX_HEADER_BYTES, size - 8):
             raise CheckpointError(f"{p.name}: header length {n:,} exceeds the file's {size:,} bytes (truncated, or not safetensors)")
         raw = f.read(n)
-    try: h = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e: raise CheckpointError(f"{p.name}: unreadable header ({e})") from None
+    if not raw.startswith(b"{"): raise CheckpointError(f"{p.name}: the header does not start with '{{' (not safetensors)")
+    try: h = json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e: raise CheckpointError(f"{p.name}: unreadable header ({e})") from None
     if not isinstance(h, dict): raise CheckpointError(f"{p.name}: header is not a JSON object")
     meta = h.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CheckpointError(f"{p.name}: __metadata__ must map strings to strings")
     data = size - 8 - n  # bytes of the data section
-    out, covered = {}, 0
+    out = {}
     for name, d in h.items():
-        try: dt, shape, (b, e) = d["dtype"], tuple(int(x) for x in d["shape"]), d["data_offsets"]
-        except (KeyError, TypeError, ValueError): raise CheckpointError(f"{p.name}: malformed header entry for {name}") from None
+        if not isinstance(d, dict): raise CheckpointError(f"{p.name}: malformed header entry for {name}")
+        dt, shape, offs = d.get("dtype"), d.get("shape"), d.get("data_offsets")
+        if not (isinstance(dt, str) and isinstance(shape, list) and all(map(_is_count, shape))
+                and isinstance(offs, list) and len(offs) == 2 and all(map(_is_count, offs))):
+            raise CheckpointError(f"{p.name}: malformed header entry for {name}")
+        shape, (b, e) = tuple(shape), offs
         if dt not in ST_DTYPES: raise CheckpointError(f"{p.name}: {name} has unknown dtype {dt}")
         tdt, isz = ST_DTYPES[dt]
+        if e < b: raise CheckpointError(f"{p.name}: {name} has data_offsets [{b:,}, {e:,}): the end is before the start")
         if e - b != math.prod(shape) * isz:
             raise CheckpointError(f"{p.name}: {name} spans {e - b:,} bytes but {dt} {list(shape)} needs {math.prod(shape) * isz:,}")
-        if not 0 <= b <= e <= data:
+        if e > data:
             raise CheckpointError(f"{p.name}: {name} ends at byte {e:,} of a {data:,}-byte data section: the shard is truncated")
         out[name] = TensorInfo(name, tdt, shape, p.name, b, e)
-        covered += e - b
-    if covered != data:
-        raise CheckpointError(f"{p.name}: the data section is {data:,} bytes but its tensors cover {covered:,}")
+    at = 0                                               # the spans, in order, must tile the data section: no hole, no overlap
+    for t in sorted(out.values(), key=lambda t: (t.begin, t.end)):
+        if t.begin != at:
+            raise CheckpointError(f"{p.name}: {t.name} starts at byte {t.begin:,} but the tensors before it end at {at:,}: "
+                                  + ("overlapping data_offsets" if t.begin < at else "a hole in the data section"))
+        at = t.end
+    if at != data:
+        raise CheckpointError(f"{p.name}: the data section is {data:,} bytes but its tensors cover {at:,}")
     return out, meta
+
 
 # %% ../nbs/05_checkpoint.ipynb #a8cda87b
 @functools.lru_cache(maxsize=None)
@@ -221,20 +274,38 @@ class CheckpointScan:
     @property
     def nbytes(self)->int: return sum(t.nbytes for t in self.tensors.values())
 
+def _roots(p:Path)->list:
+    "Where the files of tree `p` may really live: the tree, and for a Hugging Face snapshot (`.../snapshots/REV`) its `blobs/`."
+    r = p.resolve()
+    return [r] + ([r.parent.parent/"blobs"] if r.parent.name == "snapshots" and (r.parent.parent/"blobs").is_dir() else [])
+
+def tree_file(p:Path, rel, what:str="file")->Path:
+    "`p/rel` for a name the tree gives (an index entry): refused, unopened, if absolute, with `..`, or a symlink out of the tree."
+    if not isinstance(rel, str) or not rel or "\0" in rel or "\\" in rel: raise CheckpointError(f"{what} {rel!r} is not a file name")
+    if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+        raise CheckpointError(f"{what} {rel!r} points outside the checkpoint directory: never opened")
+    real = (p/rel).resolve()
+    if not any(real == r or real.is_relative_to(r) for r in _roots(p)):
+        raise CheckpointError(f"{what} {rel} is a link to {real}, outside the checkpoint directory: never opened")
+    return p/rel
+
 def _index(p:Path, s:CheckpointScan):
     "Fill `s.weight_map` and `s.shards` from the index (or a single-file checkpoint)."
     fi = p/INDEX_NAME
-    if fi.exists():
-        try: idx = json.loads(fi.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e: s.problems.append(f"{INDEX_NAME}: not valid JSON ({e})"); return None
+    if fi.exists() or fi.is_symlink():
+        try: idx = read_json(tree_file(p, INDEX_NAME), INDEX_NAME)
+        except (CheckpointError, OSError) as e: s.problems.append(str(e)); return None
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not wm: s.problems.append(f"{INDEX_NAME}: no weight_map"); return None
+        odd = [k for k, v in wm.items() if not isinstance(v, str)]
+        if odd: s.problems.append(f"{INDEX_NAME}: weight_map entries that name no shard file: {odd[:3]}"); return None
         s.weight_map = dict(wm)
         s.shards = sorted(set(wm.values()))
-        return idx.get("metadata") or {}
-    if (p/SINGLE_NAME).exists():
-        try: h, _ = read_header(p/SINGLE_NAME)
-        except CheckpointError as e: s.problems.append(str(e)); return None
+        meta = idx.get("metadata") or {}
+        return meta if isinstance(meta, dict) else {}
+    if (p/SINGLE_NAME).exists() or (p/SINGLE_NAME).is_symlink():
+        try: h, _ = read_header(tree_file(p, SINGLE_NAME))
+        except (CheckpointError, OSError) as e: s.problems.append(str(e)); return None
         s.weight_map, s.shards = {k: SINGLE_NAME for k in h}, [SINGLE_NAME]
         return {}
     s.problems.append(f"{p}: neither {INDEX_NAME} nor {SINGLE_NAME}")
@@ -253,6 +324,13 @@ def _shard_names(s:CheckpointScan):
     elif (n := totals.pop()) != len(s.shards) or nums != list(range(1, n + 1)):
         s.problems.append(f"{INDEX_NAME} names {len(s.shards)} shard(s) but their names say {n} (numbers {nums[:3]}...{nums[-3:]})")
 
+def _tree_listing(p:Path)->list:
+    "Every file and directory below `p`, symlinked directories not followed (no loop, nothing outside), sorted."
+    out = []
+    for d, dirs, files in os.walk(p, followlinks=False):
+        out += [Path(d)/x for x in dirs + files]
+    return sorted(out)
+
 def scan_checkpoint(path, # checkpoint directory
                     config:SolarOpen2Config|None=None, # override config.json (else read from `path`)
                    )->CheckpointScan:
@@ -260,10 +338,11 @@ def scan_checkpoint(path, # checkpoint directory
     p = Path(path)
     s = CheckpointScan(p)
     if not p.is_dir(): s.problems.append(f"{p}: not a directory"); return s
-    try: s.config = config or SolarOpen2Config.from_pretrained(p)
-    except (OSError, ValueError) as e: s.problems.append(str(e))
-    s.problems += [f"partial download left in the tree: {f.relative_to(p)}" for f in sorted(p.rglob("*"))
-                   if f.name.endswith(PARTIAL_SUFFIXES)]
+    try:
+        if config is None and not (p/"config.json").exists(): raise FileNotFoundError(f"{p/'config.json'}: no config.json here")
+        s.config = config or SolarOpen2Config.from_dict(read_json(tree_file(p, "config.json"), "config.json"), source=str(p/"config.json"))
+    except (OSError, ValueError) as e: s.problems.append(str(e))                    # CheckpointError is a ValueError
+    s.problems += [f"partial download left in the tree: {f.relative_to(p)}" for f in _tree_listing(p) if f.name.endswith(PARTIAL_SUFFIXES)]
     meta = _index(p, s)
     if meta is None: return s
     _shard_names(s)
@@ -272,11 +351,14 @@ def scan_checkpoint(path, # checkpoint directory
     by_shard, unreadable = {}, set()
     for k, v in s.weight_map.items(): by_shard.setdefault(v, []).append(k)
     for sh in s.shards:
+        try: tree_file(p, sh, "shard")
+        except CheckpointError as e:
+            s.problems.append(f"{INDEX_NAME}: {e} ({len(by_shard[sh])} tensors indexed in it)"); unreadable.update(by_shard[sh]); continue
         if not (p/sh).exists():
             s.problems.append(f"missing shard {sh} ({len(by_shard[sh])} tensors indexed in it, e.g. {by_shard[sh][0]})")
             unreadable.update(by_shard[sh]); continue
         try: h, _ = read_header(p/sh)
-        except CheckpointError as e:
+        except (CheckpointError, OSError) as e:
             s.problems.append(f"{e} ({len(by_shard[sh])} tensors indexed in it)"); unreadable.update(by_shard[sh]); continue
         for name in by_shard[sh]:
             if name not in h: s.problems.append(f"{INDEX_NAME} names {name} in {sh}, but that shard has no such tensor")
@@ -285,7 +367,8 @@ def scan_checkpoint(path, # checkpoint directory
                 s.problems.append(f"{name} in {sh} is not indexed there ({INDEX_NAME} says {s.weight_map.get(name)})"); continue
             s.tensors[name] = t
     total = meta.get("total_size")
-    if total is not None and not unreadable and int(total) != s.nbytes:
+    if total is not None and not _is_count(total): s.problems.append(f"{INDEX_NAME}: metadata.total_size is not a byte count: {total!r}")
+    elif total is not None and not unreadable and int(total) != s.nbytes:
         s.problems.append(f"{INDEX_NAME}: metadata.total_size is {int(total):,} but the shards hold {s.nbytes:,} tensor bytes")
     try: s.convention = nvfp4.detect_convention(list(s.tensors), s.config.quantization_config if s.config else None)
     except ValueError as e: s.problems.append(f"NVFP4 convention: {e}"); return s
@@ -301,11 +384,24 @@ EXPERT_FORMS = ("raw", "nvfp4", "bf16")
 
 def _strip(name:str, prefix:str)->str: return name[len(prefix):]
 
+def non_finite(x:torch.Tensor)->tuple:
+    "(count, first flat index) of the NaN/Inf values of a floating tensor ((0, None) for integer tensors: packed NVFP4 codes)."
+    if not x.is_floating_point() or x.numel() == 0: return 0, None
+    bad = ~torch.isfinite(x if x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else x.float())
+    n = int(bad.sum())
+    return (n, int(bad.flatten().nonzero()[0])) if n else (0, None)
+
+def _raise_non_finite(x:torch.Tensor, name:str, shard:str):
+    n, i = non_finite(x)
+    if n: raise CheckpointError(f"{shard}: {name} holds {n:,} NaN/Inf value(s) of {x.numel():,} (the first at flat index {i:,}): "
+                                "a damaged download or a broken conversion")
+
 class CheckpointReader:
     "A checked, memory-mapped checkpoint tree read one layer at a time."
     def __init__(self, path, # checkpoint directory
                  config:SolarOpen2Config|None=None, # override config.json
                  strict:bool=True, # refuse a tree with any problem; False: keep them in `.problems` and warn
+                 check_finite:bool=True, # refuse a floating tensor holding NaN or Inf when it is read
                 ):
         self.scan = scan_checkpoint(path, config)
         s = self.scan
@@ -317,7 +413,7 @@ class CheckpointReader:
             import warnings
             warnings.warn(f"{path}: {len(s.problems)} problem(s), first: {s.problems[0]}")
         self.path, self.config, self.convention, self.tensors = Path(path), s.config, s.convention, s.tensors
-        self._files = {}
+        self.check_finite, self._files = check_finite, {}
 
     @property
     def problems(self)->list: return self.scan.problems
@@ -327,14 +423,22 @@ class CheckpointReader:
     def __enter__(self): return self
     def __exit__(self, *a): self.close()
 
+    def _shard(self, shard:str):
+        "The shard's memory map, opened once; the file is checked again first (it must still be a regular file in the tree)."
+        if shard not in self._files:
+            from safetensors import safe_open
+            f = tree_file(self.path, shard, "shard")
+            os.close(open_regular(f))                     # a FIFO swapped in since the scan: refused, never mapped
+            self._files[shard] = safe_open(str(f), framework="pt", device="cpu")
+        return self._files[shard]
+
     def get(self, name:str)->torch.Tensor:
-        "One tensor, read from its memory-mapped shard."
+        "One tensor, read from its memory-mapped shard; with `check_finite`, a NaN or Inf in it is a `CheckpointError`."
         t = self.tensors.get(name)
         if t is None: raise KeyError(f"{self.path}: no tensor {name} in the checkpoint")
-        if t.shard not in self._files:
-            from safetensors import safe_open
-            self._files[t.shard] = safe_open(str(self.path/t.shard), framework="pt", device="cpu")
-        return self._files[t.shard].get_tensor(name)
+        x = self._shard(t.shard).get_tensor(name)
+        if self.check_finite: _raise_non_finite(x, name, t.shard)
+        return x
 
 # %% ../nbs/05_checkpoint.ipynb #0718a67d
 def _normalise(name:str, t:torch.Tensor, spec:TensorSpec|None)->torch.Tensor:
@@ -563,6 +667,11 @@ def _tokenizer_files(d:Path, cfg:SolarOpen2Config):
     (d/"special_tokens_map.json").write_text(json.dumps({"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
                                                          "pad_token": "<|endoftext|>", "unk_token": "<unk>"}, indent=2) + "\n")
 
+def _umask()->int:
+    "The process's umask, read without changing it where /proc says it (os.umask would set it for a moment)."
+    try: return int(next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("Umask:")).split()[1], 8)
+    except (OSError, StopIteration, ValueError, IndexError): m = os.umask(0o22); os.umask(m); return m
+
 def make_tiny(path, # directory to create (absent or empty)
               format:str="compressed-tensors", # "compressed-tensors" (Nota's), "modelopt", or "bf16" (dequantised experts)
               seed:int=0, # weight seed
@@ -585,6 +694,7 @@ def make_tiny(path, # directory to create (absent or empty)
         for i, names in enumerate(groups, 1):
             fn = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
             save_file({k: tensors[k] for k in names}, str(tmp/fn), metadata={"format": "pt"})
+            os.chmod(tmp/fn, 0o666 & ~_umask())           # safetensors writes 0600; the JSON files get the umask's 0644
             weight_map.update({k: fn for k in names})
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (tmp/INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
@@ -636,25 +746,154 @@ def tiny_checkpoint(format:str="compressed-tensors")->Path:
     return p
 
 # %% ../nbs/05_checkpoint.ipynb #84bc5a0e
-def preflight(path)->list:
-    "Check a checkpoint tree before a boot (headers only): one line per problem, `[]` if it loads."
-    return scan_checkpoint(path).problems
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+SAMPLE_BYTES = 4096        # bytes of each floating tensor a sampled value scan reads (two windows)
 
+def _windows(t:TensorInfo, isz:int, sample_bytes:int)->list:
+    "Byte spans of tensor `t` a sampled scan reads: its start, and a window at a place fixed by its name."
+    w = max(isz, min(t.nbytes, sample_bytes // 2) // isz * isz)
+    off = zlib.crc32(t.name.encode()) % ((t.nbytes - w) // isz + 1) * isz
+    return sorted({(0, w), (off, off + w)})
+
+def scan_values(s:CheckpointScan, # a scan (its tensors are read from their shards)
+                full:bool=False, # read every value, not a sample
+                sample_bytes:int=SAMPLE_BYTES, chunk:int=16 << 20)->list: # one line per tensor holding NaN/Inf
+    "NaN/Inf in the floating tensors of a scanned tree: two windows of `sample_bytes` per tensor, or every byte (`full`)."
+    problems, by_shard = [], {}
+    for t in s.tensors.values():
+        if t.dtype in FLOAT_DTYPES and t.nbytes: by_shard.setdefault(t.shard, []).append(t)
+    for sh, ts in sorted(by_shard.items()):
+        try: fd = open_regular(tree_file(s.path, sh, "shard"))
+        except (CheckpointError, OSError) as e: problems.append(str(e)); continue
+        try:
+            base = 8 + struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+            for t in sorted(ts, key=lambda t: t.begin):
+                isz, dt = _DT_BYTES[t.dtype], getattr(torch, t.dtype)
+                bad = seen = 0; first = None
+                for lo, hi in ([(0, t.nbytes)] if full else _windows(t, isz, sample_bytes)):
+                    for a in range(lo, hi, chunk):
+                        buf = os.pread(fd, min(hi, a + chunk) - a, base + t.begin + a)
+                        if len(buf) != min(hi, a + chunk) - a: problems.append(f"{sh}: {t.name}: the shard ends inside it"); break
+                        x = torch.frombuffer(bytearray(buf), dtype=dt)
+                        n, i = non_finite(x)
+                        if n and first is None: first = a // isz + i
+                        bad, seen = bad + n, seen + x.numel()
+                if bad: problems.append(f"{sh}: {t.name} ({t.dtype}) holds NaN/Inf: {bad:,} of the {seen:,} values "
+                                        f"{'read' if full else 'sampled'}, the first at flat index {first:,}")
+        finally: os.close(fd)
+    return problems
+
+def preflight(path, # checkpoint directory
+              values:str="sample", # NaN/Inf scan of the floating tensors: "sample", "full" or "none"
+              manifest:dict|None=None, # a content manifest of a good copy to compare with (`content_manifest`)
+             )->list:
+    "Check a checkpoint tree before a boot: headers, a NaN/Inf scan, and the content against a manifest; one line per problem, `[]` if it loads."
+    if values not in ("sample", "full", "none"): raise ValueError(f"values must be sample, full or none, got {values!r}")
+    s = scan_checkpoint(path)
+    problems = list(s.problems)
+    if values != "none" and s.tensors: problems += scan_values(s, full=values == "full")
+    if manifest is not None and Path(path).is_dir(): problems += manifest_problems(manifest, content_manifest(path))
+    return problems
+
+# %% ../nbs/05_checkpoint.ipynb #c4e50002
+def _sha256(f:Path, chunk:int=8 << 20)->str:
+    h, fd = hashlib.sha256(), open_regular(f)
+    with os.fdopen(fd, "rb") as fh:
+        while b := fh.read(chunk): h.update(b)
+    return h.hexdigest()
+
+def content_manifest(path, # checkpoint directory
+                     cache:bool=True, # reuse and keep hashes in cache_dir()/manifests (never in the tree)
+                    )->dict: # {"files": {path: {"size", "sha256"}}, "count", "total_bytes"}
+    "Size and SHA-256 of every regular file of a checkpoint tree, each hash computed once (see above)."
+    root = Path(path)
+    if not root.is_dir(): raise CheckpointError(f"{root}: not a directory")
+    cf = cache_dir()/"manifests"/f"{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:32]}.json"
+    inside = cf.resolve() == root.resolve() or cf.resolve().is_relative_to(root.resolve())
+    old = {}
+    if cache and not inside and cf.is_file():
+        try: old = json.loads(cf.read_text()).get("files", {})
+        except (OSError, ValueError, AttributeError): old = {}
+    files = {}
+    for f in _tree_listing(root):
+        rel = f.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in f.relative_to(root).parts): continue
+        try: tree_file(root, rel); st = os.stat(f)
+        except (CheckpointError, OSError): continue                  # a link out, or gone: the scan reports it
+        if not stat.S_ISREG(st.st_mode): continue
+        key = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+        o = old.get(rel) if isinstance(old, dict) else None
+        sha = o["sha256"] if isinstance(o, dict) and o.get("stat") == key and isinstance(o.get("sha256"), str) else _sha256(f)
+        files[rel] = {"size": st.st_size, "sha256": sha, "stat": key}
+    if cache and not inside:
+        cf.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cf.with_name(f".{cf.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"path": str(root.resolve()), "files": files}) + "\n"); tmp.replace(cf)
+    out = {k: {"size": v["size"], "sha256": v["sha256"]} for k, v in files.items()}
+    return {"files": out, "count": len(out), "total_bytes": sum(v["size"] for v in out.values())}
+
+def manifest_problems(reference:dict, # the good copy's manifest
+                      here:dict, # this tree's
+                      ref_name:str="the manifest")->list:
+    "One line per file missing, extra, of another size or another SHA-256 here; a manifest of sizes only compares sizes."
+    a, b = reference.get("files"), here.get("files")
+    if not isinstance(a, dict) or not isinstance(b, dict): return [f"checkpoint: {ref_name} has no files table"]
+    size = lambda v: v.get("size") if isinstance(v, dict) else v
+    sha = lambda v: v.get("sha256") if isinstance(v, dict) else None
+    out = [f"checkpoint: {f} is in {ref_name} but missing here" for f in sorted(set(a) - set(b))]
+    out += [f"checkpoint: {f} is here but not in {ref_name}" for f in sorted(set(b) - set(a))]
+    for f in sorted(set(a) & set(b)):
+        if size(a[f]) != size(b[f]): out.append(f"checkpoint: {f} is {size(b[f]):,} bytes here, {size(a[f]):,} in {ref_name}")
+        elif sha(a[f]) and sha(b[f]) and sha(a[f]) != sha(b[f]):
+            out.append(f"checkpoint: {f} has SHA-256 {sha(b[f])[:16]}... here, {sha(a[f])[:16]}... in {ref_name}: same size, other bytes")
+    return out
+
+# %% ../nbs/05_checkpoint.ipynb #c4e50003
 def cli_preflight(argv:list|None=None)->int:
     "`solar-open2 preflight DIR`: check a checkpoint tree; exit 1 with one line per problem."
-    import argparse
-    ap = argparse.ArgumentParser(prog="solar-open2 preflight", description=cli_preflight.__doc__)
+    import argparse, sys
+    from solar_open2 import flags
+    ap = argparse.ArgumentParser(prog="solar-open2 preflight", description=cli_preflight.__doc__ + " With --node (see "
+                                 "`solar-open2 preflight --node --help`), check a whole serving node instead.",
+                                 formatter_class=type("Fmt", (argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter), {}),
+                                 epilog="examples:\n  solar-open2 preflight /models/Solar-Open2-NVFP4\n"
+                                        "  solar-open2 preflight /models/Solar-Open2-NVFP4 --full --write-manifest good.json\n"
+                                        "  solar-open2 preflight /models/Solar-Open2-NVFP4 --manifest good.json")
     ap.add_argument("dir", help="checkpoint directory")
-    ap.add_argument("--max-lines", type=int, default=200, help="print at most this many problems (default 200; 0: all)")
+    ap.add_argument("--max-lines", type=flags.nonneg_int, default=200, help="print at most this many problems (0: all)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--full", action="store_true", help="scan every value of every floating tensor for NaN/Inf (default: a sample)")
+    g.add_argument("--headers-only", action="store_true", help="no NaN/Inf scan: headers only")
+    ap.add_argument("--manifest", help="compare the content (size, SHA-256) with this manifest of a good copy")
+    ap.add_argument("--write-manifest", help="write this tree's content manifest here (outside the tree)")
+    ap.add_argument("--node", action="store_true", help="check this serving node instead (its own options: --node --help)")
     a = ap.parse_args(argv)
-    s = scan_checkpoint(a.dir)
-    if s.problems:
-        shown = s.problems if a.max_lines <= 0 else s.problems[:a.max_lines]
+    err = lambda m: (print(f"solar-open2 preflight: error: {m}", file=sys.stderr), 2)[1]
+    d = Path(a.dir)
+    if not d.is_dir(): return err(f"{a.dir}: not a directory")
+    ref = None
+    if a.manifest:
+        from solar_open2.flags import read_text_file
+        try: ref = json.loads(read_text_file(a.manifest, "--manifest"), parse_constant=_no_constant)
+        except (OSError, ValueError) as e: return err(f"--manifest {a.manifest}: not a readable manifest ({e})")
+        files = ref.get("files") if isinstance(ref, dict) else None
+        if not isinstance(files, dict) or not all(isinstance(v, (dict, int)) and not isinstance(v, bool) for v in files.values()):
+            return err(f"--manifest {a.manifest}: not a readable manifest (no 'files' table of sizes and hashes)")
+    if a.write_manifest:
+        w = Path(a.write_manifest).resolve()
+        if w == d.resolve() or w.is_relative_to(d.resolve()): return err(f"--write-manifest {a.write_manifest} is inside the checkpoint; write it elsewhere")
+    problems = preflight(d, "full" if a.full else "none" if a.headers_only else "sample", ref)
+    if a.write_manifest:
+        Path(a.write_manifest).write_text(json.dumps(content_manifest(d), indent=1) + "\n")
+    if problems:
+        shown = problems if a.max_lines <= 0 else problems[:a.max_lines]
         print("\n".join(shown))
-        if len(shown) < len(s.problems): print(f"... and {len(s.problems) - len(shown)} more problems")
+        if len(shown) < len(problems): print(f"... and {len(problems) - len(shown)} more problems")
         return 1
+    s = scan_checkpoint(d)
     print(f"ok: {a.dir}: {len(s.tensors):,} tensors, {s.nbytes:,} bytes in {len(s.shards)} shard(s); "
-          f"routed experts {'NVFP4 ' + s.convention if s.convention else 'BF16'}")
+          f"routed experts {'NVFP4 ' + s.convention if s.convention else 'BF16'}; values "
+          f"{'all read' if a.full else 'not read' if a.headers_only else 'sampled'}" + (f"; content as in {a.manifest}" if ref else ""))
     return 0
 
 # %% ../nbs/05_checkpoint.ipynb #6c458f87
@@ -675,9 +914,10 @@ _EMBED = "model.embed_tokens.weight"
 def _tokenizer(self:CheckpointReader):
     "The tree's `tokenizer.json` as a `tokenizers.Tokenizer`, or None when the tree has none."
     f = self.path/"tokenizer.json"
-    if not f.exists(): return None
+    if not (f.exists() or f.is_symlink()): return None
     from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(f))
+    try: return Tokenizer.from_str(json.dumps(read_json(tree_file(self.path, "tokenizer.json"), "tokenizer.json")))
+    except Exception as e: raise CheckpointError(f"{self.path}/tokenizer.json: {e}") from None
 
 def _embed(self:CheckpointReader, ids, # token ids (list or 1-D tensor)
           )->torch.Tensor: # [len(ids), hidden] in the stored dtype
@@ -689,11 +929,10 @@ def _embed(self:CheckpointReader, ids, # token ids (list or 1-D tensor)
     bad = [i for i in ids if not 0 <= i < V]
     if bad: raise IndexError(f"{self.path}: token ids {bad[:5]} outside {_EMBED}'s rows 0..{V - 1}")
     if not ids: return torch.empty(0, t.shape[1], dtype=getattr(torch, t.dtype))
-    if t.shard not in self._files:
-        from safetensors import safe_open
-        self._files[t.shard] = safe_open(str(self.path/t.shard), framework="pt", device="cpu")
-    sl = self._files[t.shard].get_slice(_EMBED)
-    return torch.cat([sl[i:i + 1] for i in ids])                         # [n, hidden]
+    sl = self._shard(t.shard).get_slice(_EMBED)
+    rows = torch.cat([sl[i:i + 1] for i in ids])                          # [n, hidden]
+    if self.check_finite: _raise_non_finite(rows, f"{_EMBED} rows {ids[:3]}...", t.shard)
+    return rows
 
 _NORMS = ("input_layernorm", "post_attention_layernorm")
 

@@ -4,10 +4,12 @@
 
 # %% ../nbs/12_cli.ipynb #7a19d4b1
 from __future__ import annotations
-import importlib, sys
+import importlib, os, sys
+
+from .flags import check_argv
 
 # %% auto #0
-__all__ = ['COMMANDS', 'cli_preflight', 'main']
+__all__ = ['COMMANDS', 'DEBUG_ENV', 'cli_preflight', 'run_subcommand', 'main']
 
 # %% ../nbs/12_cli.ipynb #bd345da5
 # name -> (module, function, one-line help). A module listed here owns the subcommand's flags and output.
@@ -31,19 +33,49 @@ def cli_preflight(argv:list|None=None)->int:
     from solar_open2.checkpoint import cli_preflight as check_tree
     return check_tree(argv)
 
+DEBUG_ENV = "SOLAR_OPEN2_DEBUG"   # set to 1: errors end in their traceback (for bug reports)
+
+def _version()->str:
+    from solar_open2 import __version__
+    return f"solar-open2 {__version__}"
+
 def _usage()->str:
     w = max(map(len, COMMANDS))
-    return "usage: solar-open2 SUBCOMMAND [options]\n\nsubcommands:\n" + "\n".join(
+    return "usage: solar-open2 [--version] SUBCOMMAND [options]\n\nsubcommands:\n" + "\n".join(
         f"  {n:<{w}}  {h}" for n, (_, _, h) in COMMANDS.items()) + "\n\n`solar-open2 SUBCOMMAND --help` lists its options."
+
+def run_subcommand(name:str, # a key of COMMANDS
+                   argv:list, # its arguments
+                  )->int: # the exit code
+    "Run one subcommand behind the one door: every way it can end becomes an exit code and at most one line on stderr."
+    prog = f"solar-open2 {name}"
+    problem = check_argv(argv)
+    if problem: print(f"{prog}: error: {problem}", file=sys.stderr); return 2
+    mod, fn, _ = COMMANDS[name]
+    try:
+        rc = getattr(importlib.import_module(mod), fn)(argv)
+        sys.stdout.flush()                          # a reader that has gone away shows here
+        return 0 if rc is None else int(rc)
+    except BrokenPipeError:                         # `solar-open2 budget | head`: stop quietly, as cat and grep do
+        try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+        except (OSError, ValueError): pass
+        return 141                                  # 128 + SIGPIPE, what the shell reports for such a writer
+    except KeyboardInterrupt: print(f"{prog}: interrupted", file=sys.stderr); return 130
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV): raise
+        user = isinstance(e, (OSError, ValueError))    # a file that is not there, a value the chapter refuses
+        msg = (str(e).strip().splitlines() or [""])[0]
+        print(f"{prog}: error: {msg or type(e).__name__}" if user else
+              f"{prog}: internal error: {type(e).__name__}: {msg} (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 2 if user else 1
 
 def main(argv:list|None=None)->int:
     "Entry point of the `solar-open2` console script."
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage()); return 0 if argv else 2
+    if argv[0] in ("-V", "--version"): print(_version()); return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"solar-open2: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr); return 2
-    mod, fn, _ = COMMANDS[name]
-    rc = getattr(importlib.import_module(mod), fn)(rest)
-    return 0 if rc is None else int(rc)
+    return run_subcommand(name, rest)

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['REQUIRED_KEYS', 'FULL', 'LINEAR', 'GROUPS', 'SolarOpen2Config', 'derive_layer_types', 'full_attention_layers',
-           'kda_layers', 'kda_num_heads', 'kda_head_dim', 'kda_conv_size', 'kda_dim', 'kda_gate_rank', 'q_dim',
-           'kv_dim', 'eos_token_ids', 'TensorSpec', 'tensor_specs', 'nvfp4_bytes', 'cli_info']
+__all__ = ['REQUIRED_KEYS', 'FULL', 'LINEAR', 'CONFIG_LIMITS', 'LINEAR_ATTN_LIMITS', 'MAX_LAYER_EXPERTS', 'GROUPS',
+           'SolarOpen2Config', 'derive_layer_types', 'full_attention_layers', 'kda_layers', 'kda_num_heads',
+           'kda_head_dim', 'kda_conv_size', 'kda_dim', 'kda_gate_rank', 'q_dim', 'kv_dim', 'eos_token_ids',
+           'TensorSpec', 'tensor_specs', 'nvfp4_bytes', 'cli_info']
 
 # %% ../nbs/00_config.ipynb #4e07bc02
 _LINEAR_ATTN_DEFAULT = {"short_conv_kernel_size": 4, "head_dim": 128, "num_heads": 64, "num_kv_heads": None}
@@ -181,6 +182,27 @@ SolarOpen2Config.tiny = classmethod(_tiny)
 # %% ../nbs/00_config.ipynb #c7ff32fe
 _FIELDS = {f.name for f in dataclasses.fields(SolarOpen2Config)} - {"extra"}
 
+# the largest size this port accepts for each field: far above Solar-Open2's, small enough that the tensor list fits
+# in memory; a config.json beyond them is refused before anything is allocated
+CONFIG_LIMITS = {"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_size": 1 << 20, "num_hidden_layers": 1024,
+                 "max_position_embeddings": 1 << 27, "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 4096,
+                 "moe_intermediate_size": 1 << 18, "n_routed_experts": 4096, "n_shared_experts": 64, "num_experts_per_tok": 256,
+                 "n_group": 4096, "topk_group": 4096}
+LINEAR_ATTN_LIMITS = {"num_heads": 1024, "head_dim": 4096, "short_conv_kernel_size": 64}
+MAX_LAYER_EXPERTS = 1 << 18   # num_hidden_layers x n_routed_experts: routed-expert tensors to list (the real model: 15,360)
+
+def _limit_problem(d:dict)->str|None:
+    big = lambda v, lim: isinstance(v, (int, float)) and not isinstance(v, bool) and v > lim
+    for k, lim in CONFIG_LIMITS.items():
+        if big(d.get(k), lim): return f"`{k}` = {d[k]:,} exceeds this port's limit of {lim:,}"
+    lac = d.get("linear_attn_config")
+    for k, lim in LINEAR_ATTN_LIMITS.items():
+        if isinstance(lac, dict) and big(lac.get(k), lim): return f"`linear_attn_config.{k}` = {lac[k]:,} exceeds this port's limit of {lim:,}"
+    L, E = d.get("num_hidden_layers"), d.get("n_routed_experts")
+    if all(isinstance(x, int) for x in (L, E)) and L * E > MAX_LAYER_EXPERTS:
+        return f"`num_hidden_layers` x `n_routed_experts` = {L * E:,} exceeds this port's limit of {MAX_LAYER_EXPERTS:,}"
+    return None
+
 def _from_dict(cls, d:dict, source:str="config")->SolarOpen2Config:
     "Build a config from a `config.json` dict; `source` names the file in error messages."
     if not isinstance(d, dict): raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
@@ -188,6 +210,7 @@ def _from_dict(cls, d:dict, source:str="config")->SolarOpen2Config:
     if missing: raise ValueError(f"{source}: missing required key(s) {missing}")
     if "gqa_layers" not in d and "layer_types" not in d:
         raise ValueError(f"{source}: has neither `gqa_layers` nor `layer_types`; refusing to guess the layer map")
+    if (why := _limit_problem(d)): raise ValueError(f"{source}: {why}")
     known = {k: v for k, v in d.items() if k in _FIELDS}
     if "gqa_layers" not in d: known["gqa_layers"] = None
     extra = {k: v for k, v in d.items() if k not in _FIELDS}
@@ -200,12 +223,15 @@ def _to_dict(self)->dict:
     if d["quantization_config"] is None: del d["quantization_config"]
     return json.loads(json.dumps({**d, **self.extra}))
 
+def _no_constant(c): raise json.JSONDecodeError(f"{c} is not JSON", c, 0)   # json.loads would read NaN and Infinity
+
 def _from_pretrained(cls, path)->SolarOpen2Config:
     "Read `config.json` from a checkpoint directory (or the file itself)."
     p = Path(path)
     f = p/"config.json" if p.is_dir() else p
     if not f.exists(): raise FileNotFoundError(f"{f}: no config.json here")
-    try: d = json.loads(f.read_text())
+    from solar_open2.flags import read_text_file                 # a regular file only (a FIFO would block), bounded
+    try: d = json.loads(read_text_file(f, "config", limit=64 << 20), parse_constant=_no_constant)
     except json.JSONDecodeError as e: raise ValueError(f"{f}: not valid JSON ({e})") from None
     return cls.from_dict(d, source=str(f))
 
@@ -337,7 +363,7 @@ def cli_info(argv:list|None=None)->int:
     import argparse, sys
     ap = argparse.ArgumentParser(prog="solar-open2 info", description=cli_info.__doc__)
     ap.add_argument("model", nargs="?", help="checkpoint directory (or config.json) to read")
-    ap.add_argument("--preset", choices=("real", "tiny"), default="real", help="preset used when no directory is given")
+    ap.add_argument("--preset", choices=("real", "tiny"), default="real", help="preset used when no directory is given (default real)")
     ap.add_argument("--json", action="store_true", help="print counts as JSON")
     a = ap.parse_args(argv)
     try: cfg = SolarOpen2Config.from_pretrained(a.model) if a.model else getattr(SolarOpen2Config, a.preset)()

@@ -1027,12 +1027,12 @@ def _parser():
     ap.add_argument("--out", help="directory to write into (required unless --dry-run)")
     ap.add_argument("--force", action="store_true", help="replace files already in --out")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
-    ap.add_argument("--profile", choices=PROFILES, default=d["profile"], help="agg: replicas behind the KV router; disagg: prefill + decode workers over NIXL")
-    ap.add_argument("--gpu", choices=tuple(GPUS), default=d["gpu"])
-    ap.add_argument("--dynamo", choices=tuple(RELEASES), default=d["dynamo"], help="the Dynamo release (1.4.1 bundles vLLM 0.26.0, 1.7.0 vLLM 0.33.0)")
+    ap.add_argument("--profile", choices=PROFILES, default=d["profile"], help="agg: replicas behind the KV router; disagg: prefill + decode workers over NIXL (default %(default)s)")
+    ap.add_argument("--gpu", choices=tuple(GPUS), default=d["gpu"], help="the datacenter GPU the workers run on (default %(default)s)")
+    ap.add_argument("--dynamo", choices=tuple(RELEASES), default=d["dynamo"], help="the Dynamo release (1.4.1 bundles vLLM 0.26.0, 1.7.0 vLLM 0.33.0; default %(default)s)")
     for flag, kind, h in (("--name", str, "the DynamoGraphDeployment (default solar-open2-GPU-PROFILE)"),
                           ("--namespace", str, "namespace of every object"), ("--image", str, "the runtime image built from the Dockerfile"),
-                          ("--image-pull-secret", str, None), ("--model", str, "Hugging Face repository of the checkpoint"),
+                          ("--image-pull-secret", str, "Secret for pulling the runtime image (default: none)"), ("--model", str, "Hugging Face repository of the checkpoint"),
                           ("--revision", str, "the checkpoint's commit"), ("--served-model-name", str, None),
                           ("--max-model-len", int, "default: the model's, or what the smallest pool holds"),
                           ("--tp", int, "TP of the aggregated / decode workers (default: from the budget)"),
@@ -1043,7 +1043,7 @@ def _parser():
                           ("--gpu-memory-utilization", float, "share of each GPU given to vLLM"),
                           ("--kv-cache-memory-bytes", str, "KV pool per GPU, vLLM notation (default: from the budget)"),
                           ("--reasoning-effort", str, "the frontend's default reasoning_effort"),
-                          ("--pvc", str, "the model cache's PersistentVolumeClaim"), ("--storage-class", str, None),
+                          ("--pvc", str, "the model cache's PersistentVolumeClaim"), ("--storage-class", str, "StorageClass of the model cache (default: the cluster's)"),
                           ("--cache-size", str, "the model cache's size (Kubernetes quantity)"),
                           ("--hf-secret", str, "Secret with HF_TOKEN for the download Job"),
                           ("--trace", str, "the mooncake trace, relative to the model cache"),
@@ -1052,7 +1052,7 @@ def _parser():
         dest = flag[2:].replace("-", "_")
         ap.add_argument(flag, type=kind, default=d[dest], help=(h + " " if h else "") + (f"(default {d[dest]})" if d[dest] is not None and "default" not in (h or "") else ""))
     ap.add_argument("--kv-cache-dtype", default=d["kv_cache_dtype"], help="fp8 (default) or auto (the model dtype)")
-    ap.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false")
+    ap.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false", help="serve without vLLM's prefix caching (default: on)")
     ap.add_argument("--calculate-kv-scales", action="store_true", help="(not advised: see the chapter) Dynamo 1.4.1 only")
     return ap
 

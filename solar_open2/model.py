@@ -263,24 +263,28 @@ def _load_tokenizer(path:Path):
     from tokenizers import Tokenizer
     f = path/"tokenizer.json"
     if not f.exists(): raise FileNotFoundError(f"{path}: no tokenizer.json")
+    from solar_open2.checkpoint import read_json, tree_file          # regular files inside the tree only, bounded
     tc = path/"tokenizer_config.json"
-    template = json.loads(tc.read_text()).get("chat_template") if tc.exists() else None
-    return Tokenizer.from_file(str(f)), template
+    cfg = read_json(tree_file(path, tc.name)) if tc.exists() else {}
+    template = cfg.get("chat_template") if isinstance(cfg, dict) else None
+    return Tokenizer.from_str(json.dumps(read_json(tree_file(path, f.name)))), template
 
 def cli_generate(argv:list|None=None)->int:
     "`solar-open2 generate [--model DIR] --prompt TEXT --max-new-tokens N`: generate with the reference model, print tokens/s."
     import argparse
+    from solar_open2 import flags
     ap = argparse.ArgumentParser(prog="solar-open2 generate", description=cli_generate.__doc__)
     ap.add_argument("--model", help="checkpoint directory (default: the built-in tiny checkpoint, created on first use)")
     ap.add_argument("--prompt", default="The capital of Japan is", help="the user's text (default: %(default)r)")
-    ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate at most (default 32)")
+    ap.add_argument("--max-new-tokens", type=flags.positive_int, default=32, help="tokens to generate at most (default 32)")
     ap.add_argument("--raw", action="store_true", help="tokenize the prompt as is, without the chat template")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    ap.add_argument("--temperature", type=flags.nonneg_float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--top-p", type=flags.float_in(0, 1, lo_open=True, what="a probability mass in (0, 1]"), default=1.0, help="nucleus sampling mass (default 1.0)")
+    ap.add_argument("--seed", type=flags.seed, default=0, help="sampling seed (default 0)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype (default float32)")
-    ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--device", type=flags.device, default="cpu", help="torch device (default cpu)")
+    try: a = ap.parse_args(argv)
+    except SystemExit as e: return int(e.code or 0)          # --help, or a bad flag (argparse printed the line)
     err = lambda msg: (print(f"solar-open2 generate: {msg}", file=sys.stderr), 2)[1]
     if a.max_new_tokens < 1: return err("--max-new-tokens must be >= 1")
     if a.temperature < 0 or not 0 < a.top_p <= 1: return err("--temperature must be >= 0 and --top-p in (0, 1]")
@@ -302,6 +306,9 @@ def cli_generate(argv:list|None=None)->int:
     text = a.prompt if a.raw else chat.render_chat([{"role": "user", "content": a.prompt}], template=template or chat.CHAT_TEMPLATE)
     ids = tok.encode(text, add_special_tokens=False).ids
     if not ids: return err("the prompt is empty after tokenization")
+    if len(ids) + a.max_new_tokens > model.cfg.max_position_embeddings:
+        return err(f"the prompt ({len(ids):,} tokens) + --max-new-tokens {a.max_new_tokens:,} exceed the model's context "
+                   f"of {model.cfg.max_position_embeddings:,} tokens")
     print(f"model: {path} ({model.cfg.num_hidden_layers} layers, routed experts {model.expert_format}, {a.dtype}, {a.device}; "
           f"loaded in {load_s:.2f} s)")
     print(f"prompt: {len(ids)} tokens ({'raw' if a.raw else 'chat template'})")

@@ -1,55 +1,20 @@
 """The docs site: `scripts/build_docs.py` renders every notebook of nbs/ into a navigable HTML site.
 
-One build (about 40 s on two cores) into a tmp dir, of nbs/ plus a fixture chapter (`--add`) that exercises what the real
-chapters will need (math, hidden cells, exported code, show_doc, outputs, tables, images). Checks: every chapter has
-its page, the sidebar lists them in reading order, every internal link and image resolves, and the fixture's
-features render. No browser needed.
+One build per test run (`docs_site`, tests/conftest.py; a few minutes on two cores) of nbs/ plus a fixture chapter
+(tests/docsite.py) that exercises what the real chapters need (math, hidden cells, exported code, show_doc, outputs,
+tables, images, a widget). Checks: every chapter has its page, the sidebar lists them in reading order, every
+internal link and image resolves, the fixture's features render, search works without a server, no page loads
+anything from outside the site or links to the placeholder repository, plots are legible, widgets show as a static
+view; and, where Chromium is installed (always under CI), a browser searches the site from the file system and over
+HTTP.
 """
-import base64, importlib.util, json, os, re, subprocess, sys
+import html, os, re, sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("build_docs", ROOT/"scripts"/"build_docs.py")
-bd = importlib.util.module_from_spec(spec); spec.loader.exec_module(bd)
-
-FIXTURE = "99z_docs_fixture.ipynb"  # page "docs_fixture.html"; sorts after every chapter
-# a 1x1 PNG
-PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-
-def _cell(kind, src, outputs=None):
-    c = {"cell_type": kind, "metadata": {}, "source": src}
-    if kind == "code": c.update(execution_count=None, outputs=outputs or [])
-    return c
-
-def fixture_nb() -> dict:
-    cells = [
-        _cell("code", "#| default_exp docs_fixture"),
-        _cell("markdown", "# Fixture chapter\n\n> What the renderer must handle, with $x^2$ in the subtitle."),
-        _cell("code", "#| hide\nHIDDEN_MARKER_7f3a = 1"),
-        _cell("markdown", "The state update is $S_t = S_{t-1} (\\mathrm{Diag}(\\alpha_t) - \\beta_t k_t k_t^\\top)$ "
-                          "and it costs $5 and $6, literally; `$not_math$` stays code; \\$ is a dollar.\n\n"
-                          "$$\no_t = S_t^\\top q_t, \\quad |x| = \\sqrt{\\sum_i x_i^2}\n$$\n\n"
-                          "A list right after a paragraph:\n- first\n  - nested two spaces\n- second\n\n"
-                          "| quantity | value |\n|---|---|\n| $d_k$ | 128 |\n\n"
-                          "> A blockquoted note linking [the overview](index.html) and [this page](#the-section).\n\n"
-                          "## The section\n\nSee `fixture_double` below. ![a plot](../results/plot.png)"),
-        _cell("code", "#| export\ndef fixture_double(x:int, # the input\n                  )->int: # twice x\n"
-                      "    \"Double `x` (EXPORTED_MARKER).\"\n    return 2 * x"),
-        _cell("code", "print('OUTPUT_MARKER', fixture_double(21))",
-              [{"output_type": "stream", "name": "stdout", "text": ["OUTPUT_MARKER 42\n"]}]),
-        _cell("code", "plot()", [{"output_type": "display_data", "metadata": {},
-                                  "data": {"image/png": PNG, "text/plain": ["<Figure>"]}}]),
-        _cell("code", "import os\nraise RuntimeError('a test cell that imports ran during the docs build')",
-              [{"output_type": "stream", "name": "stdout", "text": ["STORED_TEST_OUTPUT\n"]}]),
-        _cell("code", "#| echo: false\nECHO_FALSE_MARKER = 1",
-              [{"output_type": "execute_result", "execution_count": None, "metadata": {},
-                "data": {"text/plain": ["'ECHO_FALSE_OUTPUT'"]}}]),
-    ]
-    return {"cells": cells, "metadata": {"kernelspec": {"display_name": "python3", "language": "python",
-                                                         "name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+from docsite import FIXTURE, PNG, ROOT, _cell, bd, fixture_nb
 
 class _Refs(HTMLParser):
     "Collects ids/names (anchors) and the href/src of every element."
@@ -65,18 +30,10 @@ class _Refs(HTMLParser):
 def parse(path: Path) -> _Refs:
     p = _Refs(); p.feed(path.read_text(encoding="utf-8")); return p
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("docs")
-    (tmp/"fixture").mkdir(); (tmp/"results").mkdir()
-    (tmp/"fixture"/FIXTURE).write_text(json.dumps(fixture_nb(), indent=1))
-    (tmp/"results"/"plot.png").write_bytes(base64.b64decode(PNG))  # referenced from outside the notebook folder
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    r = subprocess.run([sys.executable, str(ROOT/"scripts"/"build_docs.py"), "--add", str(tmp/"fixture"/FIXTURE),
-                        "--build", str(tmp/"build"), "--site", str(tmp/"site")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"build_docs failed:\n{r.stdout}\n{r.stderr}"
-    return tmp/"site", r
+@pytest.fixture
+def site(docs_site):
+    "The site `docs_site` (tests/conftest.py) built once for the whole run: (site folder, build_docs' result)."
+    return docs_site
 
 def chapter_pages() -> list:
     "Expected page of every notebook in the repo's nbs/, in reading order."
@@ -198,3 +155,101 @@ def test_markdown_normalisation_unit():
     assert n("text\n| a |\n|---|") == "text\n\n| a |\n|---|"
     w = bd.Warnings()
     assert "nb-math-error" in bd.tex_to_mathml("\\frac{a}{", False, "here", w) and w and "here" in w[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading it: search without a server, no dead or placeholder links, legible plots, the widget as a static view
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_offline_search_files(site):
+    "Search from the file system: the index as a script beside its JSON, and the Worker stand-in on every page."
+    out, _ = site
+    js, data = (out/"search"/"search_index.js").read_text(), (out/"search"/"search_index.json").read_text()
+    assert js == "var __index = " + data and '"config.html' in data
+    worker = (out/"assets"/"file-worker.js").read_text()
+    assert 'location.protocol !== "file:"' in worker and "window.Worker = FrameWorker" in worker
+    for page in sorted(out.glob("*.html")):
+        html = page.read_text()
+        if page.name == "404.html": continue
+        assert '<script src="assets/file-worker.js"></script>' in html, page.name
+        # everything the page loads is in the site: no CDN (an offline reader has none)
+        ext = [r for t, k, r in parse(page).refs if t in ("script", "link", "img") and k in ("src", "href")
+               and urlsplit(r).scheme in ("http", "https")]
+        assert not ext, f"{page.name} loads {ext}"
+
+
+def test_no_placeholder_source_links(site):
+    "show_doc's 'source' links would point to settings.ini's placeholder repository: the pages have none."
+    out, _ = site
+    from nbdev.config import get_config
+    git_url = get_config().git_url
+    for page in sorted(out.glob("*.html")):
+        html = page.read_text()
+        assert git_url not in html and ">source</a>" not in html, page.name
+
+
+def _png_width(path: Path) -> int:
+    b = path.read_bytes()
+    assert b[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(b[16:20], "big")
+
+
+def test_plots_are_legible(site):
+    "Every plot a chapter shows is at least 700 px wide (the budget chapter's three among them)."
+    out, _ = site
+    pngs = sorted(p for p in out.glob("*_files/*.png") if not p.parent.name.startswith("docs_fixture"))
+    assert len([p for p in pngs if p.parent.name == "budget_files"]) >= 3, pngs
+    narrow = [f"{p.relative_to(out)}: {_png_width(p)} px" for p in pngs if _png_width(p) < 700]
+    assert not narrow, narrow
+
+
+def test_widget_static_view(site):
+    "A widget output becomes a static panel: each control with its value, the text widget's HTML, a note."
+    out, _ = site
+    body = (out/"docs_fixture.html").read_text().split("<article", 1)[1]
+    panel = body[body.index('class="nb-output nb-widget"'):]
+    assert bd.WIDGET_NOTE in html.unescape(panel)
+    assert re.search(r'WIDGET_SLIDER</span><input type="range" min="1(\.0)?" max="9(\.0)?" step="[\d.]+" '
+                     r'value="2\.5" disabled><span class="nb-widget-value">2\.5</span>', panel), panel[:800]
+    assert '<button disabled class="nb-widget-on">WIDGET_ON</button>' in panel and "<pre>WIDGET_TEXT</pre>" in panel
+    budget = (out/"budget.html").read_text()
+    assert 'class="nb-output nb-widget"' in budget and "max-num-seqs" in budget
+    assert "GPU KV cache size: 1,133,999 tokens" in budget  # the plan text of the opening state
+
+
+def test_widget_html_unit():
+    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_s", "IPY_MODEL_t", "IPY_MODEL_h"]}},
+             "s": {"model_name": "SelectionSliderModel", "state": {"description": "TP", "_options_labels": ["1", "2"],
+                                                                   "index": 1}},
+             "t": {"model_name": "ToggleButtonsModel", "state": {"_options_labels": ["auto", "fp8"], "index": 0}},
+             "h": {"model_name": "HTMLModel", "state": {"value": "<pre>plan</pre>"}}}
+    h = bd.widget_html("box", state)
+    assert h.startswith('<div class="nb-widget-box">') and "<pre>plan</pre>" in h
+    assert '<span class="nb-widget-label">TP</span><input type="range" min="0" max="1" value="1" disabled>' in h
+    assert '<button disabled class="nb-widget-on">auto</button><button disabled>fp8</button>' in h
+    assert bd.widget_html("missing", state) == ""
+
+
+def _browser():
+    "(chromium path, None) or (None, why not): the browser test needs Chromium and playwright."
+    sys.path.insert(0, str(ROOT/"scripts"))
+    import docs_screenshots as ds
+    try: import playwright  # noqa: F401
+    except ImportError: return None, "playwright is not installed (the dev extra has it)"
+    chromium = ds.find_chromium()
+    return (chromium, None) if chromium else (None, "no Chromium (Debian: apt-get install chromium)")
+
+
+def test_search_in_a_browser(site, tmp_path):
+    """Headless Chromium opens the site from the file system and over HTTP: search finds the budget chapter both
+    ways, the budget plot is >= 700 px, the calculator shows. Under CI a missing browser is a failure."""
+    chromium, why = _browser()
+    if chromium is None:
+        if os.environ.get("CI"): pytest.fail(f"CI needs the browser test: {why}")
+        pytest.skip(why)
+    import docs_screenshots as ds
+    out, _ = site
+    res = ds.check_site(out, chromium, tmp_path)
+    for mode in ("file", "http"): assert "The serving budget" in res[mode], res[mode]
+    assert res["plot_px"] >= 700 and "GPU KV cache size" in res["calculator"]
+    for f in tmp_path.glob("*.png"): assert f.stat().st_size <= ds.MAX_PNG, f
