@@ -20,8 +20,8 @@ requirements = [
     "tokenizers>=0.20",
     "tqdm",
     "jinja2>=3.1",
-    "fastcore>=1.8",   # `@patch` in the plugin's modules (tiny, pure Python)
     "pyyaml",                       # solar-open2 dynamo writes its manifests with it
+    "fastcore>=1.8",                # `@patch` in the plugin's modules (tiny, pure Python)
 ]
 extras = {
     # the engine the plugin is written against; vllm 0.25.1 pins torch==2.11.0 (CUDA 13 build, runs on CPU too)

@@ -33,7 +33,8 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from solar_open2 import nvfp4                              # noqa: E402
-from solar_open2.vllm.moe_decode import DOT16_PTX, compiled_loop   # noqa: E402
+from solar_open2.vllm.ops.nvfp4_dot import DOT16_PTX             # noqa: E402
+from solar_open2.vllm.ops.sass import compiled_loop              # noqa: E402
 
 _E4M3_WORD = """
 shl.b32 t, {w}, 2; and.b32 t, t, 0x1C1C1C1C; shl.b32 u, {w}, 4; and.b32 u, u, 0x80808080; or.b32 e, t, u;

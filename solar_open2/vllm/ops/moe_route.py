@@ -76,7 +76,7 @@ def moe_route_kernel(x_ptr, w_ptr, b_ptr, logit_ptr, count_ptr, wts_ptr, ids_ptr
                      BLOCK_K:tl.constexpr, NUM_STAGES:tl.constexpr, BLOCK_E:tl.constexpr,
                      PAIRS:tl.constexpr=False, PAIR_B:tl.constexpr=1, ASM:tl.constexpr=True, p_ptr=None, v_ptr=None):
     """Grid (row blocks,): logits of `BLOCK_N` experts for all tokens; the last program to finish routes every token.
-    `PAIRS`: each program also writes `PAIR_B` of the tokens' activation pairs for 08f's half2 gate/up."""
+    `PAIRS`: each program also writes `PAIR_B` of the tokens' activation pairs for the half2 gate/up of ops/moe_decode."""
     gemv_block(x_ptr, w_ptr, logit_ptr, T, E, K, stride_xt, stride_wn, E, tl.program_id(0),
                BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)                        # logits [T, E] fp32, this program's rows
     if PAIRS:                                                                 # (token, block) indices pid·PAIR_B + i
