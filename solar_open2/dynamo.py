@@ -898,7 +898,11 @@ def run_arg_probe(cases:list, python:str, timeout:float=900)->dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_repo_root())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
            "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("VLLM_PLUGINS", None)
-    r = subprocess.run([python, "-c", _ARG_PROBE], input=json.dumps(cases), capture_output=True, text=True, timeout=timeout, env=env)
+    with tempfile.TemporaryDirectory() as model:   # the checkpoint path is the cluster's: parse against a local folder,
+        local = [{**c, "args": [a for a in c["args"] if not a.startswith("--model=")] + [f"--model={model}"]}   # so an
+                 for c in cases]                   # offline hub (HF_HUB_OFFLINE=1) never looks the path up as a repo id
+        r = subprocess.run([python, "-c", _ARG_PROBE], input=json.dumps(local), capture_output=True, text=True,
+                           timeout=timeout, env=env)
     try: return json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
