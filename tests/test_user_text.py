@@ -44,7 +44,6 @@ PENDING = {
     "README: What has been measured": "the measured section is rewritten from benchmarks/results/current (bench)",
     "docs: index.html": "the README's measured section, rendered (bench)",
     "docs: performance.html": "chapter 09 becomes 'where we stand'; its dated entries move to 09a (bench)",
-    "docs: *vllm_*.html": "the plugin chapters name the runs of their measurements (wing, moving them to 08_vllm/)",
     "docs: kda.html": "chapter 02 quotes 'the issue asks' (ckpt)",
 }
 
