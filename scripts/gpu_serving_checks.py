@@ -22,8 +22,8 @@ vLLM's "Setting attention block size", "GPU KV cache size" and "Maximum concurre
 `num_gpu_blocks`, and compares them exactly with `solar_open2.budget.plan` for TP2 of the real model.
 
 Writes `<name>.json` (default `gpu_serving_<job>.json`) and one engine log per run into --out (default: $OUT if set,
-else benchmarks/results/); exit 1 if a check fails, 2 without a GPU. The plugin is made visible to vLLM's processes as
-`scripts/gpu_parity.py` does (installed entry point, else a throw-away dist-info on PYTHONPATH).
+else benchmarks/results/incoming/); exit 1 if a check fails, 2 without a GPU. The plugin is made visible to vLLM's processes as
+the GPU parity run (`benchmarks.engine.parity`) does (installed entry point, else a throw-away dist-info on PYTHONPATH).
 """
 from __future__ import annotations
 import argparse, json, os, platform, subprocess, sys, tempfile, time
@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-import gpu_parity as gp                                     # noqa: E402  (prompt-free helpers: reference, compare, shim)
+from benchmarks.engine import parity as gp                  # noqa: E402  (prompt-free helpers: reference, compare, shim)
 from solar_open2 import budget                              # noqa: E402
 from solar_open2.config import SolarOpen2Config             # noqa: E402
 
@@ -203,8 +203,7 @@ def _child(args: list, env: dict, log: Path, timeout: float) -> subprocess.Compl
 
 def _report(job: str, a, extra: dict) -> dict:
     import torch, vllm
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from kernel_bench import git_commit, git_dirty, source_digest
+    from benchmarks.common import git_commit, git_dirty, source_digest
     return {"job": job, "command": " ".join([Path(sys.executable).name] + sys.argv), "gpu": torch.cuda.get_device_name(0),
             "git_commit": git_commit(ROOT), "git_dirty": git_dirty(ROOT), "source_sha256": source_digest(ROOT),
             "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
@@ -249,8 +248,7 @@ def main_prefix(a) -> int:
 
 
 def main_kv(a) -> int:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import perf_h200 as ph                                 # the engine-log parser and the rank model's config.json
+    from benchmarks.engine import perf as ph               # the engine-log parser and the rank model's config.json
     t0, work = time.time(), Path(a.workdir or tempfile.mkdtemp(prefix="solar_serving_"))
     model = ph.write_model_dir("rank", Path(a.model_dir) if a.model_dir else ph.stable_model_dir("rank"))
     env, how = _env(work)
@@ -301,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cases", nargs="+", help=f"kv: DTYPE[+pc]:POOL:LEN (default: {' '.join(KV_CASES)})")
     ap.add_argument("--moe-backend", default="auto"); ap.add_argument("--attention-backend", default=None)
     ap.add_argument("--model-dir", help="kv: where the rank model's config.json goes (default: a fixed temp path)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results" / "incoming"))
     ap.add_argument("--name", default=None, help="JSON report name (default: gpu_serving_<job>)")
     ap.add_argument("--workdir", default=None); ap.add_argument("--deadline-s", type=float, default=540)
     for k in ("job", "model", "mode", "pc", "prompts", "case", "out"): ap.add_argument(f"--child-{k}")

@@ -10,13 +10,13 @@ from .config import SolarOpen2Config, TensorSpec, tensor_specs, nvfp4_bytes, FUL
 
 # %% auto #0
 __all__ = ['GiB', 'VOCAB_PADDING', 'KV_CACHE_DTYPES', 'MIN_KERNEL_BLOCK', 'GUARD_BYTES', 'SPARK_READINGS', 'CUDAGRAPH_READINGS',
-           'BANDWIDTH', 'DECODE_PARTS', 'SHORT_CONTEXT', 'GPUS', 'NON_KV_ALLOWANCE', 'gib', 'parse_size', 'check_tp',
-           'shard_rule', 'rank_shape', 'vllm_dtype', 'rank_bytes', 'weights_per_rank', 'kda_state_shapes',
-           'kda_state_bytes', 'kv_dtype_bytes', 'attn_bytes_per_token', 'hybrid_block_size', 'KVLayout', 'kv_layout',
-           'kv_capacity', 'max_fitting_len', 'align_saved_boundaries', 'prefix_hit_tokens', 'NodeMemory',
-           'calibrate_node', 'spark', 'node_headroom', 'cudagraph_bytes', 'capture_sizes_for', 'vllm_capture_sizes',
-           'expected_experts', 'decode_bytes', 'decode_ceiling', 'BudgetPlan', 'plan', 'format_plan', 'GPU', 'GPUPlan',
-           'gpu_plan', 'rank_config', 'save_plots', 'calculator', 'cli_budget']
+           'BANDWIDTH', 'DECODE_PARTS', 'SHORT_CONTEXT', 'VLLM_MAX_NUM_SEQS', 'GPUS', 'NON_KV_ALLOWANCE', 'gib',
+           'parse_size', 'check_tp', 'shard_rule', 'rank_shape', 'vllm_dtype', 'rank_bytes', 'weights_per_rank',
+           'kda_state_shapes', 'kda_state_bytes', 'kv_dtype_bytes', 'attn_bytes_per_token', 'hybrid_block_size',
+           'KVLayout', 'kv_layout', 'kv_capacity', 'max_fitting_len', 'align_saved_boundaries', 'prefix_hit_tokens',
+           'NodeMemory', 'calibrate_node', 'spark', 'node_headroom', 'cudagraph_bytes', 'capture_sizes_for',
+           'vllm_capture_sizes', 'expected_experts', 'decode_bytes', 'decode_ceiling', 'BudgetPlan', 'plan',
+           'format_plan', 'GPU', 'GPUPlan', 'gpu_plan', 'rank_config', 'save_plots', 'calculator', 'cli_budget']
 
 # %% ../nbs/07_budget.ipynb #4ad83b8d
 GiB = 2**30
@@ -398,6 +398,7 @@ class BudgetPlan:
     warnings: list = field(default_factory=list)
     num_speculative_tokens: int = 0
     cudagraph_bytes: int = 0         # CUDA-graph memory counted in the node headroom
+    max_num_seqs_given: bool = True  # False: --max-num-seqs not given, vLLM's default planned
 
     @property
     def block_size(self)->int: return self.layout.block_size
@@ -422,13 +423,28 @@ class BudgetPlan:
         return d
 
 SHORT_CONTEXT = 1024
+VLLM_MAX_NUM_SEQS = 1024   # vLLM's default --max-num-seqs on a GPU reporting >= 70 GiB (a Spark, an H200)
+
+def _node_overflow(p:BudgetPlan)->str|None:
+    "The refusal when a node of the plan would need more memory than it has (negative available), else None."
+    over = [h for h in (p.head, p.worker) if h is not None and h["available_bytes"] < 0]
+    if not over: return None
+    h, n = max(over, key=lambda h: h["used_bytes"]), p.node
+    room = min(n.total_bytes - p.weights_per_rank_bytes - p.cudagraph_bytes - x["overhead_bytes"] for x in (p.head, p.worker))
+    fit = (f"at most {room // 10**9 * 10**9:,} bytes fit, {max(0, room - n.guard_bytes) // 10**9 * 10**9:,} keep it above "
+           f"the oom-guard line" if room >= 10**9 else "the weights alone leave no room for a pool: use more nodes (--tp) or --gpu")
+    return (f"the {h['role']} would need {gib(h['used_bytes']):,.1f} GiB (weights {gib(p.weights_per_rank_bytes):.1f} "
+            f"+ --kv-cache-memory-bytes {gib(p.kv_cache_memory_bytes):,.1f} + CUDA graphs {gib(p.cudagraph_bytes):.2f} "
+            f"+ runtime {gib(h['overhead_bytes']):.1f} GiB), more than the {gib(n.total_bytes):.1f} GiB a {n.name} has; {fit}")
 
 def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_cache_dtype:str="auto",
-         block_size:int=16, prefix_caching:bool=False, max_num_seqs:int=1024, build:str="nvfp4",
+         block_size:int=16, prefix_caching:bool=False, max_num_seqs:int|None=None, build:str="nvfp4",
          router_dtype:str="float32", cfg:SolarOpen2Config|None=None, node:NodeMemory|None=None,
          num_speculative_tokens:int=0, cudagraph_bytes:int=0, spark_headroom:bool=True)->BudgetPlan:
     "Plan one `vllm serve` configuration: sizes accept vLLM's notation ('28g', '8G', '1M'); raises ValueError on bad input."
     cfg = cfg or SolarOpen2Config.real()
+    given = max_num_seqs is not None
+    if not given: max_num_seqs = VLLM_MAX_NUM_SEQS
     M = parse_size(kv_cache_memory_bytes)
     L = cfg.max_position_embeddings if max_model_len is None else parse_size(max_model_len)
     if M <= 0: raise ValueError(f"--kv-cache-memory-bytes must be positive, got {M:,}")
@@ -450,7 +466,7 @@ def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_
     if not cap["fits"]:
         warn.append(f"vLLM will refuse to start: one request of {L:,} tokens needs {gib(cap['kv_bytes_per_request']):.2f} GiB "
                     f"of KV cache, more than the {gib(M):.2f} GiB given")
-    if max_num_seqs > resident:
+    if given and max_num_seqs > resident:      # vLLM's default is not the user's choice: the table shows what stays resident
         warn.append(f"--max-num-seqs {max_num_seqs} exceeds the {resident} requests the pool can hold at once "
                     f"(each pins {lay.kda_blocks_per_request} KDA blocks + >= 1 attention block)")
     for h in (head, worker) if spark_headroom else ():
@@ -459,13 +475,15 @@ def plan(tp:int=2, kv_cache_memory_bytes=28_000_000_000, max_model_len=None, kv_
                         f"{gib(node.guard_bytes):.0f} GiB oom-guard line")
     ds = decode_bytes(cfg, tp, min(SHORT_CONTEXT, L), kv_cache_dtype, build, router_dtype)
     df = decode_bytes(cfg, tp, L, kv_cache_dtype, build, router_dtype)
-    return BudgetPlan(tp, M, L, kv_cache_dtype, prefix_caching, max_num_seqs, build, router_dtype, W, by_group, lay,
+    p = BudgetPlan(tp, M, L, kv_cache_dtype, prefix_caching, max_num_seqs, build, router_dtype, W, by_group, lay,
                       cap["num_blocks"], cap["attn_blocks_per_request"], cap["kda_blocks_per_request"],
                       cap["blocks_per_request"], cap["max_concurrency"], cap["gpu_kv_cache_tokens"],
                       cap["kv_bytes_per_request"], cap["fits"], cap["log_kv_cache_size"], cap["log_max_concurrency"],
                       resident, head, worker, node, ds, df,
                       {k: bw / ds for k, bw in BANDWIDTH.items()}, {k: bw / df for k, bw in BANDWIDTH.items()}, warn,
-                      num_speculative_tokens, cudagraph_bytes)
+                      num_speculative_tokens, cudagraph_bytes, given)
+    if (why := _node_overflow(p)): raise ValueError(why)
+    return p
 
 # %% ../nbs/07_budget.ipynb #136fa1f5
 def format_plan(p:BudgetPlan)->str:
@@ -490,7 +508,8 @@ def format_plan(p:BudgetPlan)->str:
     row(f"blocks ({L.group_size} x page = {L.bytes_per_block:,} B each)", f"{p.num_blocks:,}")
     row(f"blocks per request ({p.attn_blocks_per_request:,} attention + {p.kda_blocks_per_request} KDA)", f"{p.blocks_per_request:,}")
     if p.prefix_caching: row("prefix-cache hits in whole blocks of", f"{L.block_size:,} tokens")
-    row(f"requests resident at once (--max-num-seqs {p.max_num_seqs})", f"{min(p.max_num_seqs, p.max_resident_seqs):,}")
+    seqs = f"--max-num-seqs {p.max_num_seqs}" + ("" if p.max_num_seqs_given else ", vLLM's default")
+    row(f"requests resident ({seqs})", f"{min(p.max_num_seqs, p.max_resident_seqs):,}")
     out.append("vLLM will log")
     out += [f"  {s}" for s in p.log_lines]
     if p.head is not None:
@@ -544,10 +563,10 @@ class GPUPlan:
 
 def gpu_plan(gpu:str="b200", tp:int=2, max_model_len=None, kv_cache_dtype:str="fp8", prefix_caching:bool=False,
              num_speculative_tokens:int=0, kv_cache_memory_bytes=None, gpu_memory_utilization:float=0.9,
-             max_num_seqs:int=256, max_num_batched_tokens:int=8192, capture_sizes=None, enforce_eager:bool=False,
+             max_num_seqs:int|None=256, max_num_batched_tokens:int=8192, capture_sizes=None, enforce_eager:bool=False,
              block_size:int=16, build:str="nvfp4", router_dtype:str="float32", non_kv_bytes:int=NON_KV_ALLOWANCE,
              cfg:SolarOpen2Config|None=None)->GPUPlan:
-    "Plan one rank of a `vllm serve` on a B200/H200/H100 (`GPUS` key); raises ValueError on bad input."
+    "Plan one rank of a `vllm serve` on a B200/H200/H100 (`GPUS` key; `max_num_seqs=None`: vLLM's default); raises ValueError on bad input."
     if gpu not in GPUS: raise ValueError(f"unknown GPU {gpu!r}; choose from {', '.join(GPUS)}")
     g, cfg = GPUS[gpu], cfg or SolarOpen2Config.real()
     if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
@@ -556,7 +575,7 @@ def gpu_plan(gpu:str="b200", tp:int=2, max_model_len=None, kv_cache_dtype:str="f
     _count("--max-num-batched-tokens", max_num_batched_tokens, 1); _count("non_kv_bytes", non_kv_bytes)
     k = _count("num_speculative_tokens", num_speculative_tokens)
     sizes = [] if enforce_eager else sorted(set(capture_sizes)) if capture_sizes else vllm_capture_sizes(
-        _count("--max-num-seqs", max_num_seqs, 1), k, max_num_batched_tokens)
+        _count("--max-num-seqs", VLLM_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs, 1), k, max_num_batched_tokens)
     G, W = cudagraph_bytes(sizes), weights_per_rank(cfg, tp, build, router_dtype)
     if kv_cache_memory_bytes is None:
         M, util = int(g.memory_bytes * gpu_memory_utilization) - W - non_kv_bytes - G, gpu_memory_utilization
@@ -638,12 +657,13 @@ def calculator(cfg:SolarOpen2Config|None=None):
              pool=W.FloatSlider(value=28.0, min=1.0, max=100.0, step=0.5, description="pool (GB)"),
              context=W.SelectionSlider(options=ctxs, value=ctxs[-1], description="max-model-len"),
              kv=W.ToggleButtons(options=["auto", "fp8"], value="auto", description="KV dtype"),
-             seqs=W.SelectionSlider(options=[2**i for i in range(11)], value=1024, description="max-num-seqs"))
+             seqs=W.SelectionSlider(options=[(str(2**i), 2**i) for i in range(10)] + [(f"{VLLM_MAX_NUM_SEQS}, vLLM's default", 0)],
+                                    value=0, description="max-num-seqs"))      # 0: the flag not given
     text = W.HTML()
     def update(*_):
         try:
             p = plan(w["tp"].value, int(round(w["pool"].value * 1e9)), w["context"].value, w["kv"].value,
-                     max_num_seqs=w["seqs"].value, cfg=cfg)
+                     max_num_seqs=w["seqs"].value or None, cfg=cfg)
             text.value = "<pre>" + format_plan(p).replace("&", "&amp;").replace("<", "&lt;") + "</pre>"
         except ValueError as e: text.value = f"<pre>error: {e}</pre>"
     for x in w.values(): x.observe(update, names="value")
@@ -673,7 +693,8 @@ def cli_budget(argv:list|None=None)->int:
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="KV cache dtype: auto (the model's, BF16) or fp8 (default auto)")
     ap.add_argument("--block-size", type=int, default=16, help="tokens per attention KV block, a multiple of 16 (default 16)")
     ap.add_argument("--enable-prefix-caching", action="store_true", help="plan vLLM's prefix caching (its block alignment of the KDA state)")
-    ap.add_argument("--max-num-seqs", type=int, default=1024, help="requests scheduled at once, as vLLM's flag (default 1024, vLLM's)")
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help=f"requests scheduled at once, as vLLM's flag (default: vLLM's, {VLLM_MAX_NUM_SEQS})")
     ap.add_argument("--num-speculative-tokens", type=int, default=0, help="draft tokens verified per step (their KDA state slots)")
     ap.add_argument("--gpu", choices=tuple(GPUS), help="plan one rank on this datacenter GPU instead of a DGX Spark")
     ap.add_argument("--gpu-memory-utilization", type=float, default=None,
@@ -691,6 +712,12 @@ def cli_budget(argv:list|None=None)->int:
                          None if a.gpu_memory_utilization else a.kv_cache_memory_bytes, a.gpu_memory_utilization or 0.9,
                          a.max_num_seqs, block_size=a.block_size, build=a.build, router_dtype=a.router_dtype, cfg=cfg)
             p = g.plan
+            if g.pool_exact and p.weights_per_rank_bytes + p.kv_cache_memory_bytes > g.gpu.memory_bytes:
+                room = g.gpu.memory_bytes - p.weights_per_rank_bytes - g.non_kv_bytes - g.cudagraph_bytes
+                raise _UsageError(f"--kv-cache-memory-bytes {p.kv_cache_memory_bytes:,}: weights {gib(p.weights_per_rank_bytes):.1f} + pool "
+                                  f"{gib(p.kv_cache_memory_bytes):,.1f} GiB exceed the {g.gpu.name}'s {gib(g.gpu.memory_bytes):.1f} GiB; "
+                                  + (f"at most {room // 10**9 * 10**9:,} bytes fit next to the weights, the allowance and the graphs"
+                                     if room >= 10**9 else "the weights alone leave no room: raise --tp"))
         else:
             p = plan(a.tp, a.kv_cache_memory_bytes, a.max_model_len, a.kv_cache_dtype, a.block_size,
                      a.enable_prefix_caching, a.max_num_seqs, a.build, a.router_dtype, cfg,

@@ -9,22 +9,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'GiB', 'VLLM_VERSION', 'PLUGIN_GROUP',
-           'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS', 'ServeOptions', 'to_argv',
-           'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts',
-           'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv',
-           'login_path', 'check_tools', 'check_linger', 'logind_setting', 'check_remove_ipc', 'raylet_envs',
-           'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe', 'check_nccl', 'mem_available',
-           'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests', 'node_preflight', 'budget_plan',
-           'resolve_options', 'memory_need', 'options_from_args', 'cli_scripts', 'node_preflight_main']
+__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'GRAPHS_POOL', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'MAX_JOBS_LIMIT', 'GiB',
+           'VLLM_VERSION', 'PLUGIN_GROUP', 'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS',
+           'ServeOptions', 'preset_pool', 'to_argv', 'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh',
+           'stop_sh', 'generate_scripts', 'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid',
+           'fake_sysfs', 'check_venv', 'login_path', 'check_tools', 'check_linger', 'logind_setting',
+           'check_remove_ipc', 'raylet_envs', 'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe',
+           'check_nccl', 'mem_available', 'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests',
+           'check_manifest', 'node_preflight', 'budget_plan', 'resolve_options', 'memory_need', 'options_from_args',
+           'cli_scripts', 'node_preflight_main']
 
 # %% ../nbs/10_serving.ipynb #a9813e98
-PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576)   # the published 1M deployment
+PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576)   # the published 1M deployment (eager)
 MARGIN = dict(kv_cache_memory_bytes=8_000_000_000, max_model_len=262_144)        # 256K with memory to spare
 PRESETS = {"published": PUBLISHED, "margin": MARGIN}
+GRAPHS_POOL = 27_000_000_000   # the published preset's pool when CUDA graphs may be on: 1e9 for their ~0.17 GiB
 SCRIPT_NAMES = ("start-ray-cluster.sh", "preflight.sh", "serve.sh", "oom-guard.sh", "stop.sh")
 GRAPH_MODES = ("auto", "on", "off")   # CUDA graphs: decided by each node's NCCL, forced on (--graphs), off (--eager)
 NCCL_MIN = (2, 30, 4)                  # fixes cross-node CUDA-graph replay on GB10 (vLLM issue 52504)
+MAX_JOBS_LIMIT = 1024                  # MAX_JOBS above this is a typo, not a plan (a Spark has 20 cores)
 GiB = 1024**3
 
 @dataclass
@@ -38,7 +41,7 @@ class ServeOptions:
     worker_ssh: list|None = None          # ssh destinations of the workers (default: their IPs)
     hca: str|None = None                  # NCCL_IB_HCA (e.g. both RoCE twins); default: the HCA behind `ifname`
     served_model_name: str = "solar-open2"
-    kv_cache_memory_bytes: int = PUBLISHED["kv_cache_memory_bytes"]
+    kv_cache_memory_bytes: int|None = None   # default: the published preset's pool for `graphs` (preset_pool)
     max_model_len: int = PUBLISHED["max_model_len"]
     tp: int = 2
     max_num_seqs: int|None = None         # default: from the budget
@@ -61,7 +64,13 @@ class ServeOptions:
         self.worker_ips = list(self.worker_ips)
         self.worker_ssh = list(self.worker_ssh) if self.worker_ssh else list(self.worker_ips)
         if self.capture_sizes is not None: self.capture_sizes = list(self.capture_sizes)
+        if self.kv_cache_memory_bytes is None: self.kv_cache_memory_bytes = preset_pool("published", self.graphs)
         self.validate()
+
+def preset_pool(preset:str, graphs:str="auto")->int:
+    "A preset's KV pool: the published 28e9 when serving eager, `GRAPHS_POOL` when CUDA graphs may be on (auto or forced)."
+    if preset not in PRESETS: raise ValueError(f"--preset {preset!r}: choose from {', '.join(PRESETS)}")
+    return GRAPHS_POOL if preset == "published" and graphs != "off" else PRESETS[preset]["kv_cache_memory_bytes"]
 
 # %% ../nbs/10_serving.ipynb #817a4264
 _IFNAME = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
@@ -98,6 +107,7 @@ def _validate(self:ServeOptions)->ServeOptions:
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0: raise ValueError(f"{name} must be a positive integer, got {v!r}")
     for name, v in (("--port", self.port), ("--ray-port", self.ray_port)):
         if v > 65535: raise ValueError(f"{name} {v} is not a TCP port (1..65535)")
+    if self.max_jobs > MAX_JOBS_LIMIT: raise ValueError(f"--max-jobs {self.max_jobs} is out of range: 1..{MAX_JOBS_LIMIT}")
     if self.max_num_seqs is not None and (not isinstance(self.max_num_seqs, int) or isinstance(self.max_num_seqs, bool)
                                           or self.max_num_seqs < 1):
         raise ValueError(f"--max-num-seqs must be a positive integer, got {self.max_num_seqs!r}")
@@ -842,23 +852,28 @@ def fake_meminfo(root, avail_bytes:int, total_bytes:int=128_000_000_000)->Path:
 
 # %% ../nbs/10_serving.ipynb #844b5592
 def checkpoint_manifest(path)->dict:
-    "{'files': {relative path: size}} of a checkpoint tree (entries starting with '.' skipped)."
+    "The checkpoint chapter's `content_manifest`: size and SHA-256 of every file (dot-entries skipped), hashes cached outside the tree."
+    from solar_open2.checkpoint import content_manifest
     root = Path(path)
     if not root.is_dir(): raise FileNotFoundError(f"checkpoint directory {root} does not exist")
-    files = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts) or not p.is_file(): continue
-        files[rel.as_posix()] = p.stat().st_size
-    return {"files": files, "count": len(files), "total_bytes": sum(files.values())}
+    return content_manifest(root)
 
-def compare_manifests(reference:dict, here:dict, ref_name:str="the head")->list:
-    "One line per file missing, extra, or of another size on this node compared with `reference`."
-    a, b = reference["files"], here["files"]
-    out = [f"checkpoint: {f} is on {ref_name} but missing here" for f in sorted(set(a) - set(b))]
-    out += [f"checkpoint: {f} is here but not on {ref_name}" for f in sorted(set(b) - set(a))]
-    out += [f"checkpoint: {f} is {b[f]:,} bytes here, {a[f]:,} on {ref_name}" for f in sorted(set(a) & set(b)) if a[f] != b[f]]
-    return out
+def compare_manifests(reference:dict, here:dict, ref_name:str="the head's manifest")->list:
+    "One line per file missing, extra, of another size or of other bytes (SHA-256) on this node: `manifest_problems`."
+    from solar_open2.checkpoint import manifest_problems
+    return manifest_problems(reference, here, ref_name)
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+def check_manifest(m)->dict:
+    "`m` if it is a checkpoint manifest (`{'files': {path: size or {'size', 'sha256'}}}`), else ValueError naming the first bad entry."
+    files = m.get("files") if isinstance(m, dict) else None
+    if not isinstance(files, dict): raise ValueError("no 'files' table")
+    for f, v in files.items():
+        size, sha = (v.get("size"), v.get("sha256")) if isinstance(v, dict) else (v, None)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0: raise ValueError(f"{f!r}: no size in bytes")
+        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)): raise ValueError(f"{f!r}: not a SHA-256")
+    return m
 
 # %% ../nbs/10_serving.ipynb #8378a4d3
 def node_preflight(model:str|None=None, # checkpoint directory on this node
@@ -907,8 +922,8 @@ def budget_plan(o:ServeOptions):
                 kv_cache_dtype=o.kv_cache_dtype, prefix_caching=o.prefix_caching, max_num_seqs=o.max_num_seqs or 1,
                 cudagraph_bytes=_graph_bytes(o))
 
-def resolve_options(o:ServeOptions)->tuple:
-    "(options with every default filled from the budget, the plan, warnings); ValueError if vLLM or the nodes would refuse."
+def resolve_options(o:ServeOptions, force:bool=False)->tuple:
+    "(options with every default filled from the budget, the plan, warnings); ValueError if vLLM, the nodes or (unless `force`) the oom-guard would refuse."
     from solar_open2.budget import capture_sizes_for
     p = budget_plan(o)                      # the pool does not depend on max_num_seqs; only the graphs' estimate might
     if not p.fits:
@@ -924,20 +939,33 @@ def resolve_options(o:ServeOptions)->tuple:
     if o.oom_threshold >= p.node.total_bytes:
         raise ValueError(f"--oom-threshold {o.oom_threshold / GiB:.1f} GiB is not below the node's {p.node.total_bytes / GiB:.1f} GiB: "
                          "the guard would stop the server at once")
-    for h in (p.head, p.worker):
-        if h["available_bytes"] < 0:
-            raise ValueError(f"the {h['role']} would need {h['used_bytes'] / GiB:,.1f} GiB (weights {p.weights_per_rank_bytes / GiB:.1f} "
-                             f"+ --kv-cache-memory-bytes {o.kv_cache_memory_bytes / GiB:,.1f} + CUDA graphs {p.cudagraph_bytes / GiB:,.2f} "
-                             f"+ runtime {h['overhead_bytes'] / GiB:.1f} GiB), more than the {p.node.total_bytes / GiB:.1f} GiB a DGX Spark has")
+    # (a node that would need more than a Spark has was refused by the plan itself, naming what takes the memory)
     warn = []
     if o.max_num_seqs > p.max_resident_seqs:
         warn.append(f"--max-num-seqs {o.max_num_seqs} exceeds the {p.max_resident_seqs} requests the KV pool can hold at once")
-    for h in (p.head, p.worker):
-        if h["available_bytes"] < o.oom_threshold:
-            graphs = f" (CUDA graphs included: {p.cudagraph_bytes / GiB:.2f} GiB, estimate)" if p.cudagraph_bytes else ""
-            warn.append(f"the {h['role']} is predicted to have {h['available_bytes'] / GiB:.1f} GiB available after the boot{graphs}, under "
-                        f"the {o.oom_threshold / GiB:.1f} GiB oom-guard threshold: the guard will stop the server")
+    trips = [h for h in (p.head, p.worker) if h["available_bytes"] < o.oom_threshold]
+    if trips:
+        h = min(trips, key=lambda h: h["available_bytes"])
+        graphs = f" (CUDA graphs included: {p.cudagraph_bytes / GiB:.2f} GiB, estimate)" if p.cudagraph_bytes else ""
+        line = (f"--kv-cache-memory-bytes {o.kv_cache_memory_bytes:,}: the {h['role']} is predicted to have {h['available_bytes'] / GiB:.1f} "
+                f"GiB available after the boot{graphs}, under the {o.oom_threshold / GiB:.1f} GiB oom-guard line, so the guard would "
+                f"stop the server; {_fitting_pool(o, p)}")
+        if not force: raise ValueError(line + "; --force writes the scripts anyway")
+        warn.append(line)
     return o, p, warn
+
+def _fitting_pool(o:ServeOptions, p)->str:
+    "What would keep every node above the guard line: the largest whole-GB pool, or eager at this pool."
+    from solar_open2.budget import kv_capacity, max_fitting_len
+    room = min(p.node.total_bytes - p.weights_per_rank_bytes - p.cudagraph_bytes - h["overhead_bytes"] for h in (p.head, p.worker))
+    fit = (room - o.oom_threshold) // 10**9 * 10**9
+    eager = (", or --eager keeps this pool above it" if p.cudagraph_bytes and
+             all(h["available_bytes"] + p.cudagraph_bytes >= o.oom_threshold for h in (p.head, p.worker)) else "")
+    if fit <= 0: return "no pool keeps the nodes above that line" + (eager if eager else ": lower --oom-threshold")
+    if not kv_capacity(p.layout, fit, o.max_model_len)["fits"]:
+        return (f"--kv-cache-memory-bytes {fit:,} would, but holds requests of at most "
+                f"{max_fitting_len(p.layout, fit, o.max_model_len):,} tokens: lower --max-model-len" + eager)
+    return f"--kv-cache-memory-bytes {fit:,} ({fit // 10**9}g) fits" + eager
 
 def memory_need(o:ServeOptions, p=None)->tuple:
     "(bytes MemAvailable must cover before the boot, how they add up): weights per rank + KV pool + CUDA graphs + oom-guard threshold."
@@ -958,6 +986,21 @@ def _int_arg(s:str)->int:
     try: return _size(s)
     except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
 
+def _ipv4(s:str)->str:
+    import argparse
+    try: ipaddress.IPv4Address(s); return s
+    except ValueError: raise argparse.ArgumentTypeError(f"{s!r} is not an IPv4 address") from None
+
+def _ifname(s:str)->str:
+    import argparse
+    if not _IFNAME.fullmatch(s) or s.startswith("-"): raise argparse.ArgumentTypeError(f"{s!r} is not a network interface name")
+    return s
+
+def _version(s:str)->str:
+    import argparse
+    if not re.fullmatch(r"\d+(\.\d+){0,2}", s): raise argparse.ArgumentTypeError(f"{s!r} is not a version like 2.30.4")
+    return s
+
 class _ArgError(Exception): pass
 
 def _parser(prog:str, **kw):
@@ -971,9 +1014,12 @@ def _scripts_parser():
     ap = _parser("solar-open2 scripts", description="Write the two-Spark serving scripts "
                  "(start-ray-cluster.sh, preflight.sh, serve.sh, oom-guard.sh, stop.sh).")
     ap.add_argument("--out", required=True, help="directory to write the scripts into")
-    ap.add_argument("--force", action="store_true", help="replace files in --out that these scripts did not write")
+    ap.add_argument("--force", action="store_true", help="write the scripts even for a pool the oom-guard is predicted to stop, "
+                    "and replace files in --out that these scripts did not write")
     ap.add_argument("--preset", choices=tuple(PRESETS), default="published",
-                    help="published (default): a 28000000000-byte (28g) KV pool at 1M context; margin: 8000000000 (8g) at 256K")
+                    help=f"published (default): 1M context with a {GRAPHS_POOL}-byte ({GRAPHS_POOL // 10**9}g) KV pool, or "
+                    f"{PUBLISHED['kv_cache_memory_bytes']} ({PUBLISHED['kv_cache_memory_bytes'] // 10**9}g, as published) with --eager; "
+                    "margin: 8000000000 (8g) at 256K")
     ap.add_argument("--head-ip", required=True, help="head node's address on the RoCE link")
     ap.add_argument("--worker-ip", action="append", required=True, help="worker's address on the RoCE link (repeat per worker)")
     ap.add_argument("--worker-ssh", action="append", help="ssh destination of each worker (default: its IP)")
@@ -1000,7 +1046,7 @@ def _scripts_parser():
     ap.add_argument("--host", default="0.0.0.0", help="address the API server listens on (default 0.0.0.0)")
     ap.add_argument("--port", type=int, default=8000, help="API server port (default 8000)")
     ap.add_argument("--ray-port", type=int, default=6379, help="the Ray head's port (default 6379)")
-    ap.add_argument("--max-jobs", type=int, default=4, help="MAX_JOBS of the raylets (FlashInfer JIT parallelism; default 4)")
+    ap.add_argument("--max-jobs", type=int, default=4, help=f"MAX_JOBS of the raylets (FlashInfer JIT parallelism), 1..{MAX_JOBS_LIMIT} (default 4)")
     ap.add_argument("--oom-threshold", type=_int_arg, default=8 * GiB, help="oom-guard line, vLLM notation (default 8G = 8 GiB)")
     ap.add_argument("--oom-interval", type=float, default=2.0, help="oom-guard poll period, seconds (default 2)")
     ap.add_argument("--no-parsers", action="store_true", help="leave out the solar_open2 reasoning and tool-call parsers")
@@ -1012,7 +1058,7 @@ def options_from_args(a)->ServeOptions:
     given = lambda v, default: default if v is None else v      # 0 is given, and refused, not replaced
     return ServeOptions(head_ip=a.head_ip, worker_ips=a.worker_ip, worker_ssh=a.worker_ssh, ifname=a.ifname, model=a.model,
                         venv=a.venv, hca=a.hca, served_model_name=a.served_model_name,
-                        kv_cache_memory_bytes=given(a.kv_cache_memory_bytes, pre["kv_cache_memory_bytes"]),
+                        kv_cache_memory_bytes=given(a.kv_cache_memory_bytes, preset_pool(a.preset, a.graphs or "auto")),
                         max_model_len=given(a.max_model_len, pre["max_model_len"]), tp=given(a.tp, 1 + len(a.worker_ip)),
                         max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens, host=a.host,
                         port=a.port, ray_port=a.ray_port, max_jobs=a.max_jobs, oom_threshold=a.oom_threshold,
@@ -1028,7 +1074,7 @@ def cli_scripts(argv:list|None=None)->int:
     try:
         a = ap.parse_args(argv)
         if not a.out.strip(): raise ValueError("--out: an empty directory name")
-        o, p, warn = resolve_options(options_from_args(a))
+        o, p, warn = resolve_options(options_from_args(a), force=a.force)
         paths = write_scripts(generate_scripts(o), a.out, a.force)
     except SystemExit as e: return int(e.code or 0)                    # --help
     except (_ArgError, ValueError, OSError) as e: print(f"solar-open2 scripts: error: {_one_line(e)}", file=sys.stderr); return 2
@@ -1053,25 +1099,27 @@ def cli_scripts(argv:list|None=None)->int:
 def node_preflight_main(argv:list|None=None)->int:
     "`solar-open2 preflight --node ...`: check this node before a boot; exit 1 with one line per problem."
     import argparse
+    from solar_open2 import flags
     ap = _parser("solar-open2 preflight --node", description=node_preflight_main.__doc__)
     ap.add_argument("--node", action="store_true", help="(the switch that selects this check)")
     ap.add_argument("--model", help="checkpoint directory on this node")
     ap.add_argument("--venv", default=sys.prefix, help="virtualenv vLLM runs in (default: this one)")
-    ap.add_argument("--node-ip", help="this node's RoCE address (the raylet's VLLM_HOST_IP)")
-    ap.add_argument("--ifname", help="the RoCE interface")
+    ap.add_argument("--node-ip", type=_ipv4, help="this node's RoCE address (the raylet's VLLM_HOST_IP)")
+    ap.add_argument("--ifname", type=_ifname, help="the RoCE interface")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size of the boot (default 2)")
     ap.add_argument("--kv-cache-memory-bytes", type=_int_arg, default=PUBLISHED["kv_cache_memory_bytes"], help="KV pool per rank, vLLM notation (default 28000000000)")
     ap.add_argument("--max-model-len", type=_int_arg, default=PUBLISHED["max_model_len"], help="context length (default 1048576)")
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto (BF16) or fp8 (default auto)")
     ap.add_argument("--oom-threshold", type=_int_arg, default=8 * GiB, help="oom-guard line, vLLM notation (default 8G = 8 GiB)")
     ap.add_argument("--cudagraph-bytes", type=_int_arg, default=0, help="CUDA-graph memory to count in the need (estimate)")
-    ap.add_argument("--max-jobs", type=int, default=4, help="MAX_JOBS planned for the raylet (default 4)")
+    ap.add_argument("--max-jobs", type=flags.int_in(1, MAX_JOBS_LIMIT, "a number of compile jobs"), default=4,
+                    help=f"MAX_JOBS planned for the raylet, 1..{MAX_JOBS_LIMIT} (default 4)")
     ap.add_argument("--manifest", help="the head's checkpoint manifest to compare with (- = stdin)")
     ap.add_argument("--write-manifest", help="write this node's checkpoint manifest here")
     ap.add_argument("--no-ray", action="store_true", help="skip the raylet checks (before start-ray-cluster.sh)")
     ap.add_argument("--nccl", action="store_true", help="only say whether this node's NCCL allows CUDA graphs across nodes "
                     "(exit 0) or not (exit 1), in one line")
-    ap.add_argument("--min-nccl", default=_ver(NCCL_MIN), help="the NCCL version --nccl requires (default %(default)s)")
+    ap.add_argument("--min-nccl", type=_version, default=_ver(NCCL_MIN), help="the NCCL version --nccl requires (default %(default)s)")
     ap.add_argument("--root", default="/", help=argparse.SUPPRESS)      # tests: fake /sys, /proc, /etc, /var trees
     ap.add_argument("--path", help=argparse.SUPPRESS)                   # tests: the login PATH
     ap.add_argument("--user", help=argparse.SUPPRESS)                   # tests: whose linger
@@ -1081,8 +1129,7 @@ def node_preflight_main(argv:list|None=None)->int:
     except _ArgError as e: return err(e)
     host = os.uname().nodename
     if a.nccl:
-        try: want = tuple(int(x) for x in a.min_nccl.split("."))
-        except ValueError: return err(f"--min-nccl {a.min_nccl!r} is not a version like 2.30.4")
+        want = tuple(int(x) for x in a.min_nccl.split("."))
         ok, line = check_nccl(a.venv, want, a.root)
         print(f"{host}: {line}")
         return 0 if ok else 1
@@ -1093,6 +1140,9 @@ def node_preflight_main(argv:list|None=None)->int:
                  kv_cache_dtype=a.kv_cache_dtype)
         if a.cudagraph_bytes < 0: raise ValueError(f"--cudagraph-bytes must be >= 0, got {a.cudagraph_bytes}")
         if a.oom_threshold <= 0: raise ValueError(f"--oom-threshold must be positive, got {a.oom_threshold}")
+        for name, v in (("--oom-threshold", a.oom_threshold), ("--cudagraph-bytes", a.cudagraph_bytes)):
+            if v >= p.node.total_bytes:
+                raise ValueError(f"{name} {v:,} is not below the {p.node.total_bytes / GiB:.1f} GiB a {p.node.name} has")
     except ValueError as e: return err(e)
     g = a.cudagraph_bytes
     need = p.weights_per_rank_bytes + a.kv_cache_memory_bytes + g + a.oom_threshold
@@ -1101,11 +1151,13 @@ def node_preflight_main(argv:list|None=None)->int:
               f"oom-guard {a.oom_threshold / GiB:.1f} GiB; the runtime overhead comes on top")
     manifest = None
     if a.manifest:
-        try:
-            manifest = json.loads(sys.stdin.read() if a.manifest == "-" else Path(a.manifest).read_text())
-            if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict): raise ValueError("no 'files' table")
-        except (OSError, ValueError) as e: return err(f"--manifest {a.manifest}: not a readable checkpoint manifest ({e})")
+        try: text = sys.stdin.read() if a.manifest == "-" else flags.read_text_file(a.manifest, "--manifest")
+        except (OSError, ValueError) as e: return err(e)                  # names the flag and the file
+        try: manifest = check_manifest(json.loads(text))
+        except ValueError as e: return err(f"--manifest {a.manifest}: not a readable checkpoint manifest ({_one_line(e)})")
     if a.write_manifest and a.model and Path(a.model).is_dir():
+        w, m = Path(a.write_manifest).resolve(), Path(a.model).resolve()
+        if w == m or w.is_relative_to(m): return err(f"--write-manifest {a.write_manifest}: inside the checkpoint {a.model}; write it elsewhere")
         try: Path(a.write_manifest).write_text(json.dumps(checkpoint_manifest(a.model)) + "\n")
         except OSError as e: return err(f"--write-manifest {a.write_manifest}: cannot write it ({e.strerror or e})")
     problems = node_preflight(a.model, a.venv, a.node_ip, a.ifname, need, detail, manifest, a.max_jobs, not a.no_ray,

@@ -8,7 +8,7 @@ anything from outside the site or links to the placeholder repository, plots are
 view; and, where Chromium is installed (always under CI), a browser searches the site from the file system and over
 HTTP.
 """
-import html, os, re, sys
+import html, json, os, re, sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -95,6 +95,15 @@ def test_index_links_every_landed_chapter(site):
     html = (out/"index.html").read_text()
     for page in ("config.html", "cli.html"):
         assert re.search(rf'<td><a href="{re.escape(page)}">', html), page
+
+def test_index_table_lists_every_chapter():
+    "Every chapter notebook is a row or a sub-link of index.ipynb's reading-order table (no site build needed)."
+    md = "".join("".join(c["source"]) for c in json.loads((ROOT/"nbs"/"index.ipynb").read_text())["cells"]
+                 if c["cell_type"] == "markdown")
+    table = md[md.index("## Reading order"):].split("\n## ")[0]
+    linked = set(re.findall(r"\]\(([\w.-]+\.html)", table))
+    missing = [p for p in chapter_pages()[1:] if p not in linked]
+    assert not missing, f"chapters missing from the index's table: {missing}"
 
 def test_api_docs_and_anchors(site):
     out, _ = site

@@ -1,23 +1,22 @@
-"The pair-GEMV benchmark script (benchmarks/gemv_pair_h200.py): the real pair shapes, its flags, its logic on the CPU."
+"The pair-GEMV benchmark script (benchmarks.kernels.gemv_pair): the real pair shapes, its flags, its logic on the CPU."
 import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gemv_pair_h200.py"
+SCRIPT = [sys.executable, "-m", "benchmarks.kernels.gemv_pair"]   # run from the repository root
 
 def test_no_gpu_exits_2_bad_flags_name_themselves_and_real_shapes():
     if torch.cuda.is_available(): pytest.skip("has a GPU")
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
     for flag, bad in (("--tiles0", "same"), ("--tiles1", "fma:1"), ("--pairs", "gqa,mlp")):
-        r = subprocess.run([sys.executable, str(SCRIPT), flag, bad], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(SCRIPT + [flag, bad], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and flag in r.stderr, r.stderr
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gemv_pair_h200 as m
+    from benchmarks.kernels import gemv_pair as m
     assert m.PAIRS == {"gqa": ("gqa.qkv_proj + gqa.g_proj", 5120, 4096, 4096), "kda": ("kda.qkvb_proj + kda.fg_a_proj", 12320, 256, 4096)}
-    from kernel_bench import kind_tiles0, kind_tiles1
+    from benchmarks.common import kind_tiles0, kind_tiles1
     assert kind_tiles0("mma:32x256x4x3,fma:4x1024x4") == (("mma", (32, 256, 4, 3)), ("fma", (4, 1024, 4)))
     assert kind_tiles1("same,fma:4x2048x2") == (None, ("fma", (4, 2048, 2)))
 
@@ -25,8 +24,7 @@ def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "Checks, the separate calls and every tile pair timed, the best and the ratio, the JSON."
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import gemv_pair_h200 as m
+from benchmarks.kernels import gemv_pair as m
 us = iter([10.0, 9.0, 7.0, 12.0, 20.0, 8.0])
 timer = lambda fns, reps: ([f() for f in fns], next(us))[1]
 res = m.run(tokens=(2, 9), pairs=("p",), tiles0=(("mma", (16, 32, 4, 2)),), tiles1=(None, ("fma", (2, 32))), reps=1,
@@ -42,9 +40,10 @@ print(json.dumps(res))
     assert res["best"] == {"p": {"2": {"separate_us": 10.0, "pair_us": 7.0, "tiles": "mma 16x32x4x2 + W1 fma 2x32", "separate_over_pair": 1.43},
                                  "9": {"separate_us": 12.0, "pair_us": 20.0, "tiles": "mma 16x32x4x2", "separate_over_pair": 0.6}}}
     assert json.loads((tmp_path / "r.json").read_text())["best"] == res["best"]
+    assert json.loads((tmp_path / "r.json").read_text())["gate"]["passed"] is True   # the writer's sanity gate
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and vLLM")
 def test_gpu_run(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--tokens", "1", "--pairs", "gqa", "--tiles0", "mma:32x256x4x3",
-                        "--tiles1", "same", "--reps", "5", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(SCRIPT + ["--tokens", "1", "--pairs", "gqa", "--tiles0", "mma:32x256x4x3",
+                        "--tiles1", "same", "--reps", "5", "--out", str(tmp_path), "--results-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

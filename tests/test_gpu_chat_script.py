@@ -1,4 +1,4 @@
-"""`scripts/gpu_chat_server.py` (issue 11's GPU acceptance line) without a GPU.
+"""`benchmarks.engine.chat_server` (the chat parsers through vLLM's OpenAI server on the GPU) without a GPU.
 
 The request builders against the tiny tokenizer and vLLM 0.25.1's request model; the answer checks against canned
 responses in vLLM's own serialisation (`reasoning`, not `reasoning_content`, in 0.25.1) and against broken ones; the
@@ -7,25 +7,17 @@ server life cycle (health wait, process-group stop) and `main()` end to end agai
 HTTP server in this file that answers the way vLLM's OpenAI server does (the reference parser splits, the same JSON
 and SSE shapes), good or broken on request.
 """
-import importlib.util, json, os, signal, subprocess, sys, threading, time
+import json, os, signal, subprocess, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from benchmarks.engine import chat_server as gcs
+from solar_open2 import chat
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "gpu_chat_server.py"
-
-
-def _load():
-    if "gpu_chat_server" in sys.modules: return sys.modules["gpu_chat_server"]
-    spec = importlib.util.spec_from_file_location("gpu_chat_server", SCRIPT)
-    m = importlib.util.module_from_spec(spec); sys.modules["gpu_chat_server"] = m; spec.loader.exec_module(m)
-    return m
-
-
-gcs = _load()
-from solar_open2 import chat  # noqa: E402
+FQCN = "benchmarks.engine.chat_server:ScriptedTokensLogitsProcessor"
 
 
 @pytest.fixture(scope="module")
@@ -301,9 +293,7 @@ def test_logits_processor_in_vllm():
     import torch
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, _load_logitsprocs_by_fqcns
-    sys.path.insert(0, str(gcs.SCRIPTS))
-    try: (cls,) = _load_logitsprocs_by_fqcns([gcs.LOGITS_PROCESSOR_FQCN])
-    finally: sys.path.remove(str(gcs.SCRIPTS))
+    (cls,) = _load_logitsprocs_by_fqcns([gcs.LOGITS_PROCESSOR_FQCN])
     assert issubclass(cls, LogitsProcessor) and cls.__name__ == "ScriptedTokensLogitsProcessor"
     lp = cls(None, torch.device("cpu"), False)
     assert lp.is_argmax_invariant() is False
@@ -340,7 +330,7 @@ def test_server_command(tmp_path):
     assert "--enable-auto-tool-choice" in cmd and "--enforce-eager" in cmd and "--no-enable-prefix-caching" in cmd
     assert _flag(cmd, "--served-model-name") == "solar-tiny" and _flag(cmd, "--max-model-len") == "4096"
     assert _flag(cmd, "--gpu-memory-utilization") == "0.3" and _flag(cmd, "--port") == "8123"
-    assert _flag(cmd, "--logits-processors") == "gpu_chat_server:ScriptedTokensLogitsProcessor"
+    assert _flag(cmd, "--logits-processors") == FQCN
     assert _flag(cmd, "--reasoning-parser-plugin") == _flag(cmd, "--tool-parser-plugin") == str(tmp_path / "p.py")
     assert cmd[-1] == "--foo"
     assert "--reasoning-parser-plugin" not in gcs.server_command(tmp_path / "m", 8123, None)
@@ -357,7 +347,7 @@ def test_server_command_parses_with_vllm(tmp_path, monkeypatch):
     cmd = gcs.server_command(tmp_path / "m", 8123, tmp_path / "p.py")
     a = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", str(tmp_path / "m")] + cmd[5:])
     assert a.reasoning_parser == "solar_open2" and a.tool_call_parser == "solar_open2" and a.enable_auto_tool_choice
-    assert a.logits_processors == ["gpu_chat_server:ScriptedTokensLogitsProcessor"] and a.enforce_eager
+    assert a.logits_processors == [FQCN] and a.enforce_eager
     assert a.max_model_len == 4096 and a.port == 8123 and a.served_model_name == ["solar-tiny"]
 
 
@@ -366,15 +356,15 @@ def test_server_env_and_shim(tmp_path):
     shim = ph.write_plugin_shim(tmp_path / "shim")
     env = gcs.server_env({"PYTHONPATH": "/root/site", "VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_PLUGINS": "other",
                           "PATH": os.environ.get("PATH", "")}, shim)
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(gcs.SCRIPTS), str(shim), "/root/site"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(shim), "/root/site"]
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["TRITON_CACHE_AUTOTUNING"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_PLUGINS"] == "other,solar_open2"
     # a fresh interpreter with that PYTHONPATH sees the plugin entry point (the shim's, and the package's own when it is
-    # installed, as in CI: both name the same function) and can import this script by name
-    code = ("from importlib.metadata import entry_points; import gpu_chat_server as g; "
+    # installed, as in CI: both name the same function) and can import this module by name, from anywhere
+    code = ("from importlib.metadata import entry_points; import benchmarks.engine.chat_server as g; "
             "print(sorted({e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'solar_open2'}), g.LOGITS_PROCESSOR)")
     out = subprocess.run([sys.executable, "-c", code], env={**env, "PATH": os.environ.get("PATH", "")},
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "['solar_open2.vllm:register'] ScriptedTokensLogitsProcessor" in out.stdout
 
@@ -580,7 +570,7 @@ def test_launch_wait_and_stop_the_whole_group(tmp_path):
 
 def test_server_dies_with_the_script(tmp_path):
     "If the script itself is killed (SIGKILL: no finally), the server it launched still gets SIGTERM."
-    code = (f"import sys, os, time; sys.path.insert(0, {str(gcs.SCRIPTS)!r}); import gpu_chat_server as g; "
+    code = (f"import sys, os, time; import benchmarks.engine.chat_server as g; "
             f"p = g.launch([sys.executable, '-c', 'import time; time.sleep(600)'], dict(os.environ), "
             f"g.Path({str(tmp_path / 'log')!r})); print(p.pid, flush=True); time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

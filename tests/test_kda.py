@@ -110,12 +110,12 @@ def test_varlen_matches_separate_sequences():
 
 def test_benchmark_script_writes_json(tmp_path):
     out = tmp_path / "kda_cpu.json"
-    r = subprocess.run([sys.executable, "benchmarks/kda_cpu.py", "--T", "130", "--H", "2", "--D", "16", "--repeats", "1",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.kernels.kda_cpu", "--T", "130", "--H", "2", "--D", "16", "--repeats", "1",
                         "--recurrent-repeats", "1", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     rec = json.loads(out.read_text())
     assert rec["T"] == 130 and rec["speedup"] > 0 and rec["rel_rms_o"] < 1e-5
-    r = subprocess.run([sys.executable, "benchmarks/kda_cpu.py", "--T", "0"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.kernels.kda_cpu", "--T", "0"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "positive" in r.stderr
 
 

@@ -1,34 +1,32 @@
-"The three-launch KDA decode benchmark (benchmarks/kda_inproj_h200.py): its logic on the CPU under Triton's interpreter."
+"The three-launch KDA decode benchmark (benchmarks.kernels.kda_inproj): its logic on the CPU under Triton's interpreter."
 import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "kda_inproj_h200.py"
+SCRIPT = [sys.executable, "-m", "benchmarks.kernels.kda_inproj"]   # run from the repository root
 
 def test_no_gpu_exits_2_and_real_shapes():
     if torch.cuda.is_available(): pytest.skip("has a GPU")
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
     for flag, bad in (("--pair-tiles", "32x2a6"), ("--fg-tiles", "fma:1")):
-        r = subprocess.run([sys.executable, str(SCRIPT), flag, bad], capture_output=True, text=True, timeout=300)
+        r = subprocess.run(SCRIPT + [flag, bad], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and flag in r.stderr, r.stderr
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import kda_inproj_h200 as m
+    from benchmarks.kernels import kda_inproj as m
     assert m.REAL == dict(Hl=32, D=128, W=4, R=128, hidden=4096)                # per rank at TP2
     from solar_open2.vllm.ops.gemv import GEMV_TILES, PAIR_TILES
     assert (3 * 32 * 128 + 32, 4096, "bfloat16") in GEMV_TILES and (2 * 128, 4096, "bfloat16") in GEMV_TILES
     assert (3 * 32 * 128 + 32, 2 * 128, 4096, "bfloat16") in PAIR_TILES        # the pair the script times has a plan
-    from kernel_bench import kind_tiles1
+    from benchmarks.common import kind_tiles1
     assert kind_tiles1("same,fma:1x4096,mma:32x256x3") == (None, ("fma", (1, 4096)), ("mma", (32, 256, 3)))
 
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "Checks, today's chain and its parts, the pair GEMV and the kernel per configuration, both chains, the best and the ratio, the JSON."
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import kda_inproj_h200 as m
+from benchmarks.kernels import kda_inproj as m
 from solar_open2.kda import kda_beta
 us = iter([20.0, 9.0, 3.0, 1.0, 7.0, 8.5, 6.0, 12.0, 11.0, 15.0, 14.5])
 timer = lambda fns, reps: ([f() for f in fns], next(us))[1]
@@ -51,9 +49,10 @@ print(json.dumps(res))
     assert res["best"] == {"2": {"six_us": 20.0, "three_us": 14.5, "path": "three", "pair": "16x32x4x2 + W1 fma 1x64",
                                  "num_warps": 4, "block_r": 16, "six_over_three": 1.38, "saved_us": 5.5}}
     assert json.loads((tmp_path / "r.json").read_text())["best"] == res["best"]
+    assert json.loads((tmp_path / "r.json").read_text())["gate"]["passed"] is True   # the writer's sanity gate
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and vLLM")
 def test_gpu_run(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--tokens", "1", "--pair-tiles", "32x256x4x3", "--fg-tiles", "fma:1x4096", "--warps", "4",
-                        "--block-r", "32", "--reps", "5", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(SCRIPT + ["--tokens", "1", "--pair-tiles", "32x256x4x3", "--fg-tiles", "fma:1x4096", "--warps", "4",
+                        "--block-r", "32", "--reps", "5", "--out", str(tmp_path), "--results-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

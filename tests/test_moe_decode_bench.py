@@ -1,22 +1,21 @@
-"The batch-1 NVFP4 MoE benchmark script (benchmarks/moe_decode_h200.py): its logic on the CPU, its GPU run when there is one."
+"The batch-1 NVFP4 MoE benchmark script (benchmarks.kernels.moe_decode): its logic on the CPU, its GPU run when there is one."
 import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "moe_decode_h200.py"
+SCRIPT = [sys.executable, "-m", "benchmarks.kernels.moe_decode"]   # run from the repository root
 
 def test_no_gpu_exits_2_and_bad_flags_name_themselves():
     if torch.cuda.is_available(): pytest.skip("has a GPU")
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
-    r = subprocess.run([sys.executable, str(SCRIPT), "--down-tiles", "16y"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT + ["--down-tiles", "16y"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--down-tiles" in r.stderr
 
 def test_bytes_per_expert_at_the_real_shapes():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import moe_decode_h200 as m
+    from benchmarks.kernels import moe_decode as m
     assert m.REAL == dict(E=320, K=4096, I=640, H=4096, topk=8)              # the real config at TP2
     b = m.expert_bytes(640, 4096, 4096)
     assert b == {"w13": 2 * (640 * (2048 + 256) + 8), "w2": 4096 * (320 + 40) + 8}   # codes + block scales + global scale
@@ -26,8 +25,7 @@ def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks, per-kernel and joint timing, bytes, JSON) with small shapes, the interpreter, a fake timer."
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import moe_decode_h200 as m
+from benchmarks.kernels import moe_decode as m
 calls = []
 def timer(fns, reps):
     for f in fns: f()
@@ -40,6 +38,7 @@ print(json.dumps(calls))
     out = interpreted(code)
     assert json.loads(out.strip().splitlines()[-1]) == [2] * 10                # every timing rotates 2 routings
     res = json.loads((tmp_path / "r.json").read_text())
+    assert res["gate"]["passed"] is True and res["gate"]["rule"]               # the writer's sanity gate
     assert len(res["checks"]) == 21                                             # (6 small + 1 at the given shapes) x 3 decodes
     assert [c["read"] for c in res["checks"]] == ["bytes"] * 6 + ["words"] * 6 + ["half2"] * 6 + ["bytes", "words", "half2"]
     for c in res["checks"]:
@@ -55,8 +54,7 @@ print(json.dumps(calls))
     assert res["best"]["3"]["gate_up"]["tile"] == [2, 32, 4, 2, 1, 1]
 
 def test_check_ok_holds_each_decode_to_its_bound():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import moe_decode_h200 as m
+    from benchmarks.kernels import moe_decode as m
     assert m.check_ok({"read": "words", "rel_rms": 3e-7}) and not m.check_ok({"read": "bytes", "rel_rms": 2e-5})
     assert m.check_ok({"read": "half2", "rel_rms": 7e-4, "bf16_h_rel_rms": 2e-3})
     assert not m.check_ok({"read": "half2", "rel_rms": 1.5e-3, "bf16_h_rel_rms": 1e-3})    # worse than a bf16 intermediate
@@ -66,8 +64,7 @@ def test_shared_expert_contention_rows_on_cpu(tmp_path, interpreted):
     "`--shared`: per gate/up tile the routed pair, the shared expert (timed once), serial and two streams, in that order."
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import moe_decode_h200 as m
+from benchmarks.kernels import moe_decode as m
 seq = iter([1.0, 2.0, 9.0, 30.0, 19.0, 25.0, 20.0, 8.0, 21.0, 16.0])   # main run (gate_up, down, both); then the rows
 def timer(fns, reps):
     for f in fns: f()
@@ -85,10 +82,10 @@ print(json.dumps(res["shared"]))
     assert (b["shared_us"], b["routed_us"], b["serial_us"], b["two_streams_us"]) == (30.0, 8.0, 21.0, 16.0)  # shared timed once
     assert b["overlap_gain_us"] == 5.0 and b["contention_us"] == -14.0
     assert json.loads((tmp_path / "r.json").read_text())["shared"] == [a, b]
+    assert json.loads((tmp_path / "r.json").read_text())["gate"]["passed"] is True   # the writer's sanity gate
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_kernels_match_and_time(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import moe_decode_h200 as m
+    from benchmarks.kernels import moe_decode as m
     res = m.run(tokens=(1,), gate_up_tiles=((2, 512, 4, 3),), down_tiles=((16, 128, 4, 3),), reps=20, out_paths=[tmp_path / "r.json"])
     assert all(m.check_ok(c) for c in res["checks"]) and res["best"]["1"]["both"]["us"] > 0

@@ -1,22 +1,21 @@
-"The MoE routing benchmark (benchmarks/moe_router_h200.py): its logic on the CPU, its GPU run when there is one."
+"The MoE routing benchmark (benchmarks.kernels.moe_router): its logic on the CPU, its GPU run when there is one."
 import json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "moe_router_h200.py"
+SCRIPT = [sys.executable, "-m", "benchmarks.kernels.moe_router"]   # run from the repository root
 
 def test_no_gpu_exits_2_and_bad_flags_name_themselves():
     if torch.cuda.is_available(): pytest.skip("has a GPU")
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
-    r = subprocess.run([sys.executable, str(SCRIPT), "--tiles", "4y"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(SCRIPT + ["--tiles", "4y"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--tiles" in r.stderr
 
 def test_real_shapes():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import moe_router_h200 as m
+    from benchmarks.kernels import moe_router as m
     from solar_open2.config import SolarOpen2Config
     assert m.real_shapes(SolarOpen2Config.real()) == dict(E=320, K=4096, top_k=8)
 
@@ -24,8 +23,7 @@ def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks against the definition and vLLM's CPU path, timings, JSON) at small shapes, a fake timer."
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import moe_router_h200 as m
+from benchmarks.kernels import moe_router as m
 n = [0]
 def timer(fns, reps):
     for f in fns: f()
@@ -38,6 +36,7 @@ print(json.dumps(n[0]))
     out = interpreted(code)
     assert json.loads(out.strip().splitlines()[-1]) == 6                  # 3 timings per token count
     res = json.loads((tmp_path / "r.json").read_text())
+    assert res["gate"]["passed"] is True and res["gate"]["rule"]               # the writer's sanity gate
     assert res["checks_pass"] and res["counters_zero"]
     for c in res["checks"]:
         assert c["ids_equal_torch"] and c["ids_equal_vllm"] and c["max_dw_vllm"] < 1e-6, c   # vLLM's torch path on the CPU
@@ -48,8 +47,7 @@ print(json.dumps(n[0]))
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_kernel_matches_and_times(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import moe_router_h200 as m
+    from benchmarks.kernels import moe_router as m
     res = m.run(tokens=(1,), reps=20, out_paths=[tmp_path / "r.json"])
     assert res["checks_pass"] and res["counters_zero"] and res["best"]["1"]["kernel"]["us"] > 0
 
@@ -57,8 +55,7 @@ def test_pairs_option_on_cpu(tmp_path, interpreted):
     "--pairs: the pairs the kernel writes are checked against 08f's act_pairs_triton and timed as a row of their own."
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
-import moe_router_h200 as m
+from benchmarks.kernels import moe_router as m
 res = m.run(tokens=(2,), tiles=((4, 64, 4, 1),), reps=1, out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu",
             shapes=dict(E=40, K=96, top_k=4), timer=lambda fns, reps: [f() for f in fns] and 3.0, deadline_s=600,
             l2_bytes=1, pairs=True)
@@ -66,5 +63,6 @@ print(json.dumps(res["checks_pass"]))
 """
     assert json.loads(interpreted(code).strip().splitlines()[-1]) is True
     res = json.loads((tmp_path / "r.json").read_text())
+    assert res["gate"]["passed"] is True and res["gate"]["rule"]               # the writer's sanity gate
     assert [c["pairs_equal"] for c in res["checks"] if c.get("kind") == "pairs"] == [True]
     assert [t["kernel"] for t in res["timings"]] == ["vllm", "kernel", "kernel+pairs"]

@@ -1,21 +1,21 @@
-"""The H200 performance harness (`benchmarks/perf_h200.py`, `benchmarks/plot_perf.py`) without a GPU: arguments,
+"""The H200 performance harness (`benchmarks.engine.perf`, `benchmarks.engine.plot`) without a GPU: arguments,
 the served config.json, the plugin's entry-point shim, log capture and parsing (lines written in vLLM 0.25.1's own
-formats), figures from token times, rooflines, the profile summary, JSON assembly, merge, the prediction log, plot."""
+formats), figures from token times, rooflines, the profile summary, JSON assembly and its sanity gate, merge, the
+prediction log, plot."""
 import importlib.util, json, math, os, subprocess, sys, tempfile, textwrap, time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import common as kb
+from benchmarks.engine import perf as ph
+from benchmarks.engine import plot as pp
+from benchmarks.engine.perf import run as prun
+from benchmarks.engine.perf.trace import _busy_us
+
 ROOT = Path(__file__).resolve().parents[1]
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    m = importlib.util.module_from_spec(spec); sys.modules[name] = m; spec.loader.exec_module(m)
-    return m
-
-ph = _load("perf_h200")
-pp = _load("plot_perf")
+PERF = [sys.executable, "-m", "benchmarks.engine.perf"]          # the command line, run from the repository root
 
 from solar_open2 import budget
 from solar_open2.config import SolarOpen2Config
@@ -130,52 +130,63 @@ def test_fuse_kda_proj_flag_reaches_the_engine_and_the_settings(tmp_path):
     assert not a.fuse_kda_proj and "additional_config" not in ph.engine_kwargs(a, str(tmp_path), "graphs")
     assert ph.settings(a, "graphs")["fuse_kda_proj"] is None                 # None: the plugin's own default
     n = ph.parse_args(["--phase", "graphs", "--no-fuse-kda-proj"])
-    assert ph.engine_kwargs(n, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_fuse_kda_proj": False}
+    assert ph.engine_kwargs(n, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"fuse_kda_proj": False}}
     f = ph.parse_args(["--phase", "graphs", "--fuse-kda-proj"])
     for phase in ("eager", "graphs"):
-        assert ph.engine_kwargs(f, str(tmp_path), phase)["additional_config"] == {"solar_open2_fuse_kda_proj": True}
+        assert ph.engine_kwargs(f, str(tmp_path), phase)["additional_config"] == {"solar_open2": {"fuse_kda_proj": True}}
     assert ph.settings(f, "graphs")["fuse_kda_proj"] is True
     if importlib.util.find_spec("vllm") is not None:
         from vllm.engine.arg_utils import EngineArgs
         e = ph.engine_kwargs(f, str(tmp_path), "eager")
-        assert EngineArgs(**e).additional_config == {"solar_open2_fuse_kda_proj": True}
+        assert EngineArgs(**e).additional_config == {"solar_open2": {"fuse_kda_proj": True}}
 
 def test_kda_gate_kernel_flag_joins_the_other_plugin_key(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
     assert a.kda_gate_kernel is None and ph.settings(a, "graphs")["kda_gate_kernel"] is None
     g = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel"])
-    assert ph.engine_kwargs(g, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_kda_gate_kernel": True}
+    assert ph.engine_kwargs(g, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"kda_gate_kernel": True}}
     both = ph.parse_args(["--phase", "graphs", "--no-fuse-kda-proj", "--kda-gate-kernel"])   # one dict, neither lost
-    assert ph.engine_kwargs(both, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_fuse_kda_proj": False, "solar_open2_kda_gate_kernel": True}
+    assert ph.engine_kwargs(both, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"fuse_kda_proj": False, "kda_gate_kernel": True}}
     assert ph.settings(both, "graphs")["kda_gate_kernel"] is True
     three = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel", "--gemv-kernel"])
-    assert ph.engine_kwargs(three, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_kda_gate_kernel": True, "solar_open2_gemv_kernel": True}
+    assert ph.engine_kwargs(three, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"kda_gate_kernel": True, "gemv_kernel": True}}
     assert ph.settings(three, "graphs")["gemv_kernel"] is True and ph.settings(both, "graphs")["gemv_kernel"] is None
     four = ph.parse_args(["--phase", "graphs", "--kda-gate-kernel", "--gemv-kernel", "--kda-decode-kernel"])
-    assert ph.engine_kwargs(four, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_kda_gate_kernel": True, "solar_open2_gemv_kernel": True, "solar_open2_kda_decode_kernel": True}
+    assert ph.engine_kwargs(four, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"kda_gate_kernel": True, "gemv_kernel": True, "kda_decode_kernel": True}}
     assert ph.settings(four, "graphs")["kda_decode_kernel"] is True and ph.settings(three, "graphs")["kda_decode_kernel"] is None
     off = ph.parse_args(["--phase", "graphs", "--no-router-kernel"])          # 08k's key, default on: only set when asked
-    assert ph.engine_kwargs(off, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_router_kernel": False}
+    assert ph.engine_kwargs(off, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"router_kernel": False}}
     assert ph.settings(off, "graphs")["router_kernel"] is False and ph.settings(four, "graphs")["router_kernel"] is None
     pairs = ph.parse_args(["--phase", "graphs", "--moe-pairs"])
-    assert ph.engine_kwargs(pairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_moe_pairs": True}
+    assert ph.engine_kwargs(pairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"moe_pairs": True}}
     assert ph.settings(pairs, "graphs")["moe_pairs"] is True and ph.settings(off, "graphs")["moe_pairs"] is None
     gates = ph.parse_args(["--phase", "graphs", "--kda-decode-gates", "--moe-pairs"])
-    assert ph.engine_kwargs(gates, str(tmp_path), "graphs")["additional_config"] == {
-        "solar_open2_moe_pairs": True, "solar_open2_kda_decode_gates": True}
+    assert ph.engine_kwargs(gates, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"moe_pairs": True, "kda_decode_gates": True}}
     assert ph.settings(gates, "graphs")["kda_decode_gates"] is True and ph.settings(pairs, "graphs")["kda_decode_gates"] is None
     nopairs = ph.parse_args(["--phase", "graphs", "--no-gemv-pairs"])          # 08i's pairs, default on: only set when asked
-    assert ph.engine_kwargs(nopairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_pairs": False}
+    assert ph.engine_kwargs(nopairs, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"gemv_pairs": False}}
     assert ph.settings(nopairs, "graphs")["gemv_pairs"] is False and ph.settings(gates, "graphs")["gemv_pairs"] is None
     noflat = ph.parse_args(["--phase", "graphs", "--no-gemv-flat"])            # 08i's flat body, default on: only set when asked
-    assert ph.engine_kwargs(noflat, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_gemv_flat": False}
+    assert ph.engine_kwargs(noflat, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"gemv_flat": False}}
     assert ph.settings(noflat, "graphs")["gemv_flat"] is False and ph.settings(gates, "graphs")["gemv_flat"] is None
     nodirect = ph.parse_args(["--phase", "graphs", "--no-moe-direct-out"])    # 08g's direct output, default on: only set when asked
-    assert ph.engine_kwargs(nodirect, str(tmp_path), "graphs")["additional_config"] == {"solar_open2_moe_direct_out": False}
+    assert ph.engine_kwargs(nodirect, str(tmp_path), "graphs")["additional_config"] == {"solar_open2": {"moe_direct_out": False}}
     assert ph.settings(nodirect, "graphs")["moe_direct_out"] is False and ph.settings(noflat, "graphs")["moe_direct_out"] is None
+
+def test_plugin_flags_are_generated_from_the_options_table(tmp_path):
+    "One --x / --no-x per option of solar_open2.vllm.options, and the plugin's own parser reads what the harness passes."
+    from solar_open2.vllm.options import OPTIONS, parse_options
+    flags = {a.dest: a for a in ph.build_parser()._actions if a.option_strings}
+    for o in OPTIONS:
+        assert flags[o.name].option_strings == [f"--{o.flag}", f"--no-{o.flag}"] and flags[o.name].default is None, o.name
+        assert o.what in flags[o.name].help and ("on" if o.default else "off") in flags[o.name].help
+    assert [d for d, _, _ in ph.PLUGIN_KEYS] == [o.name for o in OPTIONS] and "moe_kernels" in flags   # new with the table
+    a = ph.parse_args(["--phase", "graphs", "--no-moe-kernels", "--gemv-pairs"])
+    ac = ph.engine_kwargs(a, str(tmp_path), "graphs")["additional_config"]
+    assert ac == {"solar_open2": {"gemv_pairs": True, "moe_kernels": False}}
+    opts = parse_options(ac)
+    assert (opts.gemv_pairs, opts.moe_kernels, opts.moe_pairs, opts.moe_direct_out) == (True, False, False, False)   # needs moe_kernels
+    assert ph.settings(a, "graphs")["moe_kernels"] is False and ph.settings(a, "graphs")["router_kernel"] is None
 
 def test_compile_sizes_and_max_autotune_reach_the_compilation_config(tmp_path):
     a = ph.parse_args(["--phase", "graphs"])
@@ -431,11 +442,13 @@ def test_batch_stats_uses_the_all_decoding_window():
     with pytest.raises(ValueError): ph.batch_stats([_rec(1, 0, 1, 0.1, 1)])
 
 class FakeEngine:
-    "LLMEngine's add_request / step / has_unfinished_requests, emitting DELTA outputs one token per step."
+    """LLMEngine's add_request / step / has_unfinished_requests, emitting DELTA outputs one token per step: ids that
+    vary along a request and with its prompt, or, `degenerate` (what NaN logits give), one id for everything."""
+    degenerate = False
     def __init__(self, step_s=0.001): self.reqs, self.step_s, self.asked = {}, step_s, {}
     def add_request(self, rid, prompt, params):
         assert set(prompt) == {"prompt_token_ids"} and params.max_tokens >= 1 and params.ignore_eos
-        self.reqs[rid] = [len(prompt["prompt_token_ids"]), params.max_tokens]
+        self.reqs[rid] = [len(prompt["prompt_token_ids"]), params.max_tokens, sum(prompt["prompt_token_ids"]) % 100_003]
         self.asked[rid] = (len(prompt["prompt_token_ids"]), params.max_tokens)
     def has_unfinished_requests(self): return any(v[1] > 0 for v in self.reqs.values())
     def step(self):
@@ -444,7 +457,8 @@ class FakeEngine:
         for rid, v in self.reqs.items():
             if v[1] > 0:
                 v[1] -= 1
-                outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=[7 + v[1] % 3])]))
+                tok = 0 if self.degenerate else 7 + v[2] + v[1] % 3
+                outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=[tok])]))
         return outs
 
 def test_run_requests_with_a_fake_engine():
@@ -453,9 +467,14 @@ def test_run_requests_with_a_fake_engine():
     assert [r["prompt_len"] for r in recs] == [10, 20] and all(len(r["times"]) == 5 == len(r["tokens"]) for r in recs)
     assert all(r["times"] == sorted(r["times"]) and r["times"][0] > r["t_add"] for r in recs)
     assert ph.single_stream_stats(recs[0])["decode_tok_s"] > 0
-    assert ph.output_sanity(recs) == {"distinct_ids_min": 3, "distinct_ids_max": 3, "degenerate": False, "note": ""}
+    s = ph.output_sanity(recs)
+    assert (s["distinct_ids_min"], s["distinct_ids_max"], s["degenerate"], s["passed"], s["note"]) == (3, 3, False, True, "")
     same = [{"tokens": [5] * 32}]
-    assert ph.output_sanity(same)["degenerate"] is True
+    assert (ph.output_sanity(same)["degenerate"], ph.output_sanity(same)["passed"]) == (True, False)
+    assert ph.output_sanity([{"tokens": [5] * 4}])["passed"] is None                # four tokens: too few to tell
+    firsts = ph.first_token_sanity([{"tokens": [5]}, {"tokens": [6]}])
+    assert (firsts["passed"], ph.first_token_sanity([{"tokens": [5]}, {"tokens": [5]}])["passed"]) == (True, False)
+    assert ph.first_token_sanity([{"tokens": [5]}])["passed"] is None               # one prompt: nothing to compare
 
 # --------------------------------------------------------------------------------------------------------------
 # rooflines
@@ -541,7 +560,7 @@ def test_summarize_trace():
     rows = {r["family"]: r for r in ph.compare_profile(s, {"dense_gemm": 150.0, "moe": 100.0, "allreduce": 0.0})}
     assert rows["dense_gemm"]["measured_over_predicted"] == 2.0 and rows["moe"]["measured_over_predicted"] == 1.0
     assert rows["allreduce"]["measured_over_predicted"] is None and rows["attention"]["measured_us_per_step"] is None
-    assert ph._busy_us([(0, 10), (5, 12), (20, 21)]) == 13
+    assert _busy_us([(0, 10), (5, 12), (20, 21)]) == 13
 
 def _layer_trace(layers=3):
     "Synthetic decode step: per layer an all-reduce, a KDA mixer, an all-reduce, a MoE with a shared expert on stream 2."
@@ -570,9 +589,9 @@ def test_layer_segments_cut_at_allreduces_and_take_medians(tmp_path):
     assert moe["span_us"] == 5 + 1 + 4 + 1 + 16                            # the shared expert overlaps the GEMM
     assert ph.layer_segments(_layer_trace(1)) == {}                          # one segment of a kind: no median
     p = tmp_path / "t.json"; p.write_text(json.dumps(_layer_trace(3)))
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_h200.py"), "layers", str(p)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(PERF + ["layers", str(p)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "kda mixer: 3 segments, 3 with the sequence below" in r.stdout and "stream 9  nvjet_shared" in r.stdout
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "perf_h200.py"), "layers", str(tmp_path / "none.json")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(PERF + ["layers", str(tmp_path / "none.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no such trace file" in r.stderr
 
 def test_layer_segments_of_a_tp1_trace_cut_at_the_norms():
@@ -618,6 +637,7 @@ def _phase_result(a, phase, scale):
         res["figures"][f"decode_bs{b}"] = ph.with_roofline({"kind": "batch", "context": a.batch_prompt, "batch": b,
             "decode_tok_s": scale * 0.2 * roof["aggregate_tok_s"]}, roof, "decode_tok_s", "aggregate_tok_s", "decode-bandwidth")
     res["profile"] = ph.summarize_trace(_trace(3)) | {"vs_prediction": []}
+    res["sanity"] = {k: {"passed": True, "degenerate": False} for k in res["figures"]}     # as measure() records them
     return res
 
 def test_json_roundtrip_merge_and_acceptance(tmp_path):
@@ -731,9 +751,9 @@ def isolated_env(monkeypatch):
 def _fake_phase(tmp_path, isolated_env, extra=(), name="perf_h200_graphs"):
     vllm = pytest.importorskip("vllm")
     isolated_env.setattr(vllm, "LLM", FakeLLM, raising=False)
-    isolated_env.setattr(ph, "register_plugin", lambda: "fake.register")
+    isolated_env.setattr(prun, "register_plugin", lambda: "fake.register")
     argv = ["--phase", "graphs", "--decode-contexts", "2048", "--prefill-contexts", "8192", "--batch-sizes", "8",
-            "--decode-tokens", "16", "--batch-tokens", "8", "--prefill-repeats", "1", "--profile", "--profile-steps", "5",
+            "--decode-tokens", "16", "--batch-tokens", "8", "--prefill-repeats", "2", "--profile", "--profile-steps", "5",
             "--results-dir", str(tmp_path / "res"), "--out", str(tmp_path / "out"), *extra]
     rc = ph.main(argv)
     return rc, json.loads((tmp_path / "res" / f"{name}.json").read_text())
@@ -805,7 +825,7 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
                          "families": [{"family": "dense_gemm", "us_per_step": 4000.0, "kernels": 8 * 800}]}}
         ph.write_json(r, [tmp_path / f"perf_h200_graphs_{v}.json"])
         return subprocess.CompletedProcess(cmd, 0)
-    monkeypatch.setattr(ph.subprocess, "run", fake_run)
+    monkeypatch.setattr(prun.subprocess, "run", fake_run)
     argv = ["--phase", "ab", "--ab", "separate=--no-fuse-kda-proj", "--ab", "fused=--fuse-kda-proj", "--only", "decode",
             "--results-dir", str(tmp_path), "--out", str(tmp_path), "--deadline-s", "600"]
     assert ph.main(argv) == 0
@@ -850,10 +870,37 @@ def test_a_failing_engine_is_reported(tmp_path, isolated_env):
     vllm = pytest.importorskip("vllm")
     def boom(**kw): raise RuntimeError("no NvFp4 MoE backend")
     isolated_env.setattr(vllm, "LLM", boom, raising=False)
-    isolated_env.setattr(ph, "register_plugin", lambda: "fake.register")
+    isolated_env.setattr(prun, "register_plugin", lambda: "fake.register")
     rc = ph.main(["--phase", "eager", "--results-dir", str(tmp_path)])
     r = json.loads((tmp_path / "perf_h200_eager.json").read_text())
     assert rc == 1 and r["status"] == "failed" and "no NvFp4 MoE backend" in r["error"] and "RuntimeError" in r["traceback"]
+
+def test_a_figure_is_written_only_with_its_sanity_gate(tmp_path):
+    "The writer raises for a figure without its check; a failed or unchecked figure lands in gated_out, not in figures."
+    a = ph.parse_args(["--phase", "graphs", "--results-dir", str(tmp_path)])
+    res = _phase_result(a, "graphs", 1.0)
+    del res["sanity"]["decode_bs8"]
+    with pytest.raises(ValueError, match="decode_bs8.*no sanity check"): ph.write_result(res, [tmp_path / "r.json"])
+    assert not (tmp_path / "r.json").exists()
+    res["sanity"]["decode_bs8"] = ph.output_sanity([{"tokens": [5] * 32}] * 8)             # every request one id
+    res["sanity"]["prefill_ctx8192"] = ph.first_token_sanity([{"tokens": [5]}])           # one prompt: unchecked
+    ph.write_result(res, [tmp_path / "r.json"])
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert "decode_bs8" not in r["figures"] and "prefill_ctx8192" not in r["figures"] and "decode_bs1_ctx2048" in r["figures"]
+    assert (r["gated_out"]["decode_bs8"]["why"], r["gated_out"]["prefill_ctx8192"]["why"]) == ("the check failed", "unchecked")
+    assert r["gated_out"]["decode_bs8"]["figure"] == res["figures"]["decode_bs8"]           # kept as the record
+    assert r["gate"]["gated_out"] == ["decode_bs8", "prefill_ctx8192"] and r["schema"] == 2
+    assert ph.gated(r) == ph.gated(ph.gated(r))                                              # idempotent
+    old = _phase_result(a, "graphs", 1.0); del old["sanity"]                                 # a file from before the gate
+    assert ph.gated(old, strict=False)["figures"] == {} and ph.merge(None, ph.gated(old, strict=False))["rows"] == []
+
+def test_degenerate_outputs_are_gated_out_of_a_whole_phase(tmp_path, isolated_env):
+    "NaN-like logits (every token one id): the phase runs, its JSON says why, and no figure is reported."
+    isolated_env.setattr(FakeEngine, "degenerate", True)
+    rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "decode,batch,prefill"])
+    assert rc == 0 and r["figures"] == {} and sorted(r["gated_out"]) == ["decode_bs1_ctx2048", "decode_bs8", "prefill_ctx8192"]
+    assert all(g["why"] == "the check failed" for g in r["gated_out"].values())
+    assert "GATED OUT" in ph.summary_text({**r, "figures": {k: g["figure"] for k, g in r["gated_out"].items()}})
 
 def test_markdown_table():
     rows = [{"a": 1234.5, "b": None, "c": True}, {"a": 2.0, "b": "x", "c": False}]
@@ -895,7 +942,6 @@ def test_ab_plot_and_rows(tmp_path):
 
 def test_progress_rows_and_plot(tmp_path):
     "--progress: the measured outcomes of one figure and phase, in log order; planned rows and other figures left out."
-    import plot_perf as pp
     log = [{"figure": "decode_bs1_ctx2048", "phase": "graphs", "change": "baseline, CUDA graphs", "date": "d", "predicted_tok_s": 250.0,
             "measured_tok_s": 107.6, "results": "a.json"},
            {"figure": "decode_bs1_ctx2048", "phase": "graphs", "change": "planned: x", "date": "d", "predicted_tok_s": 120.0,
@@ -930,8 +976,8 @@ def test_stop_smi_stops_the_sampler_once(tmp_path):
 
 def test_the_sampler_stops_before_the_measurements(tmp_path, isolated_env):
     "A stand-in nvidia-smi that keeps running in loop mode: stopped after the warm-up by default, after decode with --smi-ab."
-    isolated_env.setattr(ph.shutil, "which", lambda name: "/usr/bin/" + name)
-    isolated_env.setattr(ph, "SMI_QUERY", [sys.executable, "-c", "import sys, time; print('0, 1000, 143771', flush=True); "
+    isolated_env.setattr(prun.shutil, "which", lambda name: "/usr/bin/" + name)
+    isolated_env.setattr(prun, "SMI_QUERY", [sys.executable, "-c", "import sys, time; print('0, 1000, 143771', flush=True); "
                                            "time.sleep(600 if '-lms' in sys.argv else 0)"])
     rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "decode"])
     assert rc == 0 and r["smi_stopped_after_warmup"] is True, r.get("traceback")
@@ -946,7 +992,6 @@ def test_the_sampler_stops_before_the_measurements(tmp_path, isolated_env):
 
 def test_source_digest_names_the_code_not_the_commit(tmp_path):
     "The digest changes with any byte of the package, the benchmarks or the scripts, and with nothing else."
-    kb = _load("kernel_bench")
     for f in ("solar_open2/a.py", "solar_open2/vllm/b.py", "benchmarks/c.py", "scripts/d.py", "nbs/e.py"):
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True); (tmp_path / f).write_text("x = 1\n")
     d0 = kb.source_digest(tmp_path)

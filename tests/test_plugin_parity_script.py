@@ -1,15 +1,15 @@
 """The GPU parity script's CPU-checkable parts: prompts, the entry-point shim that vLLM's plugin loader must find in a
 fresh process, and the reference-side comparison (tokens and logprobs) on the tiny checkpoint. The GPU run itself is
-the coordinator's (`python scripts/gpu_parity.py` on the H200 machine)."""
-import importlib.util, os, subprocess, sys
+the coordinator's (`python -m benchmarks.engine.parity` on the H200 machine)."""
+import os, subprocess, sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.engine import parity as gp
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("gpu_parity", ROOT / "scripts" / "gpu_parity.py")
-gp = importlib.util.module_from_spec(spec); spec.loader.exec_module(gp)
 
 
 def test_prompts_are_plain_token_ids():
@@ -88,6 +88,6 @@ def test_eager_vs_graphs_token_difference_fails():
 
 @pytest.mark.parametrize("value, needle", [("[1]", "expected a JSON object"), ("{bad", "not JSON")])
 def test_additional_config_must_be_a_json_object(value, needle):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_parity.py"), "--additional-config", value],
+    r = subprocess.run([sys.executable, "-m", "benchmarks.engine.parity", "--additional-config", value],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 2 and needle in r.stderr and "--additional-config" in r.stderr

@@ -1,5 +1,5 @@
-"""The serving scripts end to end: golden files of the published (28e9 pool, 1M context) and margin (8e9, 256K)
-configurations, of CUDA graphs forced on and off, of an FP8 KV cache at 1M and of prefix caching; shellcheck on all;
+"""The serving scripts end to end: golden files of the published (1M context: the 27e9 pool when CUDA graphs may be on,
+28e9 eager) and margin (8e9, 256K) configurations, of CUDA graphs forced on and off, of an FP8 KV cache at 1M and of prefix caching; shellcheck on all;
 and the generated scripts run on this machine against fakes (a fake `ssh` that runs the "remote" command locally, a
 fake venv whose `ray`, `vllm`, `solar-open2` and `sudo` record what they were asked, fake sysfs and meminfo trees).
 `serve.sh` decides between CUDA graphs and eager from each node's NCCL (`solar-open2 preflight --node --nccl`, faked
@@ -18,7 +18,7 @@ GOLDEN = Path(__file__).parent / "golden"
 NODES = ["--head-ip", "192.168.100.10", "--worker-ip", "192.168.100.11", "--ifname", "enp1s0f1np1",
          "--model", "/models/Solar-Open2-250B-Nota-NVFP4", "--venv", "/opt/solar-open2/venv"]
 CONFIGS = {  # name: (flags, the warning `solar-open2 scripts` must print, or "" for none)
-    "published": (["--preset", "published"], "the head is predicted to have 7.8 GiB available after the boot (CUDA graphs"),
+    "published": (["--preset", "published"], ""),
     "margin": (["--preset", "margin"], ""),
     "graphs": (["--preset", "margin", "--graphs"], ""),
     "eager": (["--preset", "published", "--eager"], ""),
@@ -48,7 +48,7 @@ def test_golden(config, tmp_path):
         assert (tmp_path / n).read_text() == (gold / n).read_text(), f"{config}/{n} differs from the golden file"
 
 
-@pytest.mark.parametrize("config,pool,ctx", [("published", "28000000000", "1048576"), ("margin", "8000000000", "262144"),
+@pytest.mark.parametrize("config,pool,ctx", [("published", "27000000000", "1048576"), ("margin", "8000000000", "262144"),
                                              ("fp8-1m", "27000000000", "1048576")])
 def test_golden_values(config, pool, ctx):
     serve = (GOLDEN / config / "serve.sh").read_text()
@@ -74,6 +74,19 @@ def test_golden_modes():
     assert "--enable-prefix-caching" not in text["graphs"] + text["eager"] + text["fp8-1m"]
     assert "CUDAGRAPH_BYTES=0 " in (GOLDEN / "eager/preflight.sh").read_text()
     assert f"CUDAGRAPH_BYTES={int(0.17 * 2**30)} " in (GOLDEN / "graphs/preflight.sh").read_text()
+
+
+def test_pool_the_guard_would_stop_is_refused_unless_forced(tmp_path):
+    "The published 28e9 pool with CUDA graphs possible: predicted under the guard line, so no scripts without --force."
+    rc, out, err = _scripts_cli(tmp_path / "s", NODES + ["--kv-cache-memory-bytes", "28g"])
+    assert (rc, out) == (2, "") and len(err.splitlines()) == 1, err
+    assert err.startswith("solar-open2 scripts: error: --kv-cache-memory-bytes 28,000,000,000: the head is predicted to have 7.8 GiB")
+    assert "under the 8.0 GiB oom-guard line" in err and "27,000,000,000 (27g) fits, or --eager" in err and "--force" in err
+    assert not (tmp_path / "s").exists()                                   # nothing written
+    rc, out, err = _scripts_cli(tmp_path / "s", NODES + ["--kv-cache-memory-bytes", "28g", "--force"])
+    assert rc == 0 and err.startswith("warning: --kv-cache-memory-bytes 28,000,000,000: the head is predicted"), err
+    assert "--kv-cache-memory-bytes 28000000000" in (tmp_path / "s/serve.sh").read_text()
+    assert _scripts_cli(tmp_path / "e", NODES + ["--kv-cache-memory-bytes", "28g", "--eager"])[0] == 0   # eager: as published
 
 
 def test_shellcheck_clean():
@@ -186,7 +199,7 @@ def test_serve(fake):
     pre = [c for c in calls if c.startswith("solar-open2") and "--nccl" not in c]
     assert len(pre) == 2 and pre[0].startswith("solar-open2 head preflight --node") and "--write-manifest" in pre[0]
     assert pre[1].startswith("solar-open2 192.168.100.11 preflight --node") and "--manifest -" in pre[1]
-    assert "--node-ip 192.168.100.11" in pre[1] and "--kv-cache-memory-bytes 28000000000" in pre[1]
+    assert "--node-ip 192.168.100.11" in pre[1] and "--kv-cache-memory-bytes 27000000000" in pre[1]
     assert (fake["log"] / "manifest-received").read_text().strip() == "{}"      # the head's manifest reached the worker
     vllm = [c for c in calls if c.startswith("vllm")]
     assert len(vllm) == 1 and vllm[0].startswith("vllm head serve /models/x --served-model-name solar-open2")

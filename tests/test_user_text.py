@@ -41,9 +41,6 @@ OUTSIDE_PATHS = [r"(?<![\w.])/work/", r"\.\./shared\b", r"(?<![\w/.-])shared/(re
 
 # what is being rewritten elsewhere now: {check id (docs pages: a glob of the page's path in the site): why}
 PENDING = {
-    "README: What has been measured": "the measured section is rewritten from benchmarks/results/current (bench)",
-    "docs: index.html": "the README's measured section, rendered (bench)",
-    "docs: performance.html": "chapter 09 becomes 'where we stand'; its dated entries move to 09a (bench)",
     "docs: kda.html": "chapter 02 quotes 'the issue asks' (ckpt)",
 }
 

@@ -109,7 +109,7 @@ Options.__module__ = __name__
 
 # %% ../../nbs/08_vllm/01_options.ipynb #dbd12035
 _GONE = {"gemv_probe": "the GEMV probe of the parity runs is not an option: the test model `SolarOpen2GemvProbeForCausalLM` "
-                       "of solar_open2.vllm.testing runs it (scripts/gpu_parity.py --gemv-probe)"}
+                       "of solar_open2.vllm.testing runs it (benchmarks/engine/parity.py --gemv-probe)"}
 
 def _unknown(name:str, where:str)->str:
     "The message for an option name that is not in `OPTIONS`."

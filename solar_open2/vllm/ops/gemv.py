@@ -178,8 +178,8 @@ def weight_key(N:int, K:int, dtype)->tuple:
     return (int(N), int(K), str(dtype).removeprefix("torch."))
 
 # (N, K, weight dtype) -> ((max tokens, kind, tile), ...), tile = (BLOCK_N, BLOCK_K, num_warps[, num_stages]):
-# benchmarks/gemv_h200.py on one H200, weights from HBM (results/gemv_h200_fma.json); µs against cuBLAS at 1 | 8 tokens.
-# [4096, 4096] at one token: benchmarks/gemv_explore/fma_body.py (the flat one-token body, "fma1", 2x2048 at 8 warps,
+# benchmarks/kernels/gemv.py on one H200, weights from HBM (benchmarks/results/current/gemv_h200_fma.json); µs against cuBLAS at 1 | 8 tokens.
+# [4096, 4096] at one token: the prototype fma_body.py (benchmarks/explore/gemv.md; the flat one-token body, "fma1", 2x2048 at 8 warps,
 # unpipelined: 10.0 µs against 11.6 for the 3-D body's 4x1024 in the same chains of 12 GEMVs)
 GEMV_TILES = TileTable("gemv", {
     (12320, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3)),),                           # kda.qkvb_proj    26.6/29.1 | 27.1/29.5
@@ -189,7 +189,7 @@ GEMV_TILES = TileTable("gemv", {
     (1280, 4096, "bfloat16"):  ((1, "fma", (2, 2048, 4, 2)),),                           # shared.gate_up    5.4/7.9
     (320, 4096, "float32"):    ((1, "fma", (1, 4096, 8)), (8, "fma", (4, 2048, 4))),     # router (fp32)     3.9/4.6  |  8.1/17.7
     (98304, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3)),),                           # lm_head         183.7/223.9 | 186.6/225.1
-}, archs=(H200,), source="benchmarks/gemv_h200.py (results/gemv_h200_fma.json), benchmarks/gemv_explore/fma_body.py")
+}, archs=(H200,), source="benchmarks/kernels/gemv.py (benchmarks/results/current/gemv_h200_fma.json), the prototype fma_body.py (benchmarks/explore/gemv.md)")
 
 def gemv_plan(T:int, N:int, K:int, dtype:torch.dtype, table:TileTable=GEMV_TILES)->tuple|None:
     "(kind, tile) for `T` tokens through a [N, K] weight of `dtype`, or None: cuBLAS."
@@ -283,11 +283,11 @@ def pair_check(cases=PAIR_CHECK_CASES, dtypes=("float32", "bfloat16"), seed:int=
 
 # %% ../../../nbs/08_ops/02_gemv.ipynb #afc9561c
 # (N0, N1, K, weight dtype) -> ((max tokens, W0's kind, W0's tile, W1's kind, W1's tile), ...): one launch over two
-# weights, W1's tile without a warp count (the launch's is W0's); benchmarks/kda_inproj_h200.py and gemv_pair_h200.py on one H200
+# weights, W1's tile without a warp count (the launch's is W0's); benchmarks/kernels/kda_inproj.py and gemv_pair_h200.py on one H200
 PAIR_TILES = TileTable("gemv pairs", {
     (12320, 256, 4096, "bfloat16"): ((8, "mma", (32, 256, 4, 3), "fma", (4, 2048, 2)),),   # kda.qkvb_proj + kda.fg_a_proj: 26.8 | 29.7 µs at 1 token
     (5120, 4096, 4096, "bfloat16"): ((8, "mma", (64, 256, 4, 3), "mma", (32, 256, 3)),),    # gqa.qkv_proj + gqa.g_proj:     21.2 | 24.8 µs at 1 token
-}, archs=(H200,), source="benchmarks/kda_inproj_h200.py (results/kda_inproj_h200.json), benchmarks/gemv_pair_h200.py (results/gemv_pair_h200.json)")
+}, archs=(H200,), source="benchmarks/kernels/kda_inproj.py (benchmarks/results/current/kda_inproj_h200.json), benchmarks/kernels/gemv_pair.py (benchmarks/results/current/gemv_pair_h200.json)")
 
 def pair_rows(key0:tuple, key1:tuple, # `weight_key`s of W0 and W1
               table:TileTable=GEMV_TILES, pairs:TileTable=PAIR_TILES)->tuple:
@@ -322,7 +322,7 @@ def gemv_pair(x:torch.Tensor, # [T, K]
 # %% ../../../nbs/08_ops/02_gemv.ipynb #68fc6cca
 FLAT_OFF = TileTable("gemv, the 3-D plans of the flat rows", {
     (4096, 4096, "bfloat16"): ((1, "fma", (4, 1024, 4, 2)),),              # the plan the fma1 row replaced (gemv_h200_fma.json)
-}, archs=(H200,), source="benchmarks/gemv_h200.py (results/gemv_h200_fma.json)")
+}, archs=(H200,), source="benchmarks/kernels/gemv.py (benchmarks/results/current/gemv_h200_fma.json)")
 
 def without_flat(table:TileTable=GEMV_TILES, flat_off:TileTable=FLAT_OFF)->TileTable:
     "A new `table` in which every key with an `fma1` row takes `flat_off`'s rows (the 3-D body the flat one replaced)."

@@ -158,10 +158,10 @@ def kda_decode_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
     tl.store(o_ptr + t * stride_o + h * D + d, tl.where(ok, y, 0.0).to(o_ptr.dtype.element_ty))
 
 # %% ../../../nbs/08_ops/04_kda_decode.ipynb #e1a0000c
-# (max sequences, num_warps, the gates mode's rank step): benchmarks/kda_decode_h200.py (warps; 1 and 2 spill, 8 and 16
-# are slower) and benchmarks/kda_inproj_h200.py (the rank step, 64 at 4 warps) on one H200, 1 to 8 sequences
+# (max sequences, num_warps, the gates mode's rank step): benchmarks/kernels/kda_decode.py (warps; 1 and 2 spill, 8 and 16
+# are slower) and benchmarks/kernels/kda_inproj.py (the rank step, 64 at 4 warps) on one H200, 1 to 8 sequences
 DECODE_TILES = TileTable("kda decode", {(): ((8, 4, 64),)}, archs=(H200,),
-                         source="benchmarks/kda_decode_h200.py (results/kda_decode_h200_warps.json), benchmarks/kda_inproj_h200.py")
+                         source="benchmarks/kernels/kda_decode.py (benchmarks/results/current/kda_decode_h200_warps.json), benchmarks/kernels/kda_inproj.py")
 MAX_DECODE_SEQS = DECODE_TILES.rows_for()[-1][0]   # the batches measured; larger decode batches take the unfused path
 NUM_WARPS, LR_BLOCK_R = DECODE_TILES.nearest(1)
 

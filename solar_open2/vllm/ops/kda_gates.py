@@ -52,11 +52,11 @@ def kda_gates_kernel(x0_ptr, w0_ptr, y0_ptr, x1_ptr, w1_ptr, y1_ptr, T, N, K, st
         gemv_block(x1_ptr, w1_ptr, y1_ptr, T, N, K, stride_xt, stride_wn, stride_yt, pid, BLOCK_T, BLOCK_N, BLOCK_K, NUM_STAGES)
 
 # %% ../../../nbs/08_ops/03_kda_gates.ipynb #d8a0000b
-# (max tokens, A tile, B tile), tiles = (BLOCK_N, BLOCK_K, num_warps[, num_stages = 1]): benchmarks/kda_gates_h200.py, one H200, real
+# (max tokens, A tile, B tile), tiles = (BLOCK_N, BLOCK_K, num_warps[, num_stages = 1]): benchmarks/kernels/kda_gates.py, one H200, real
 # per-rank shapes (A: [256, 4096], B: 2 x [4096, 128]), weights from HBM; past the last row, the last row's tiles
 GATE_TILES = TileTable("kda gates", {(): ((1, (1, 4096, 8), (4, 128, 1)),
                                           (8, (2, 4096, 8), (4, 128, 1)))},
-                       archs=(H200,), source="benchmarks/kda_gates_h200.py (results/kda_gates_h200.json)")
+                       archs=(H200,), source="benchmarks/kernels/kda_gates.py (benchmarks/results/current/kda_gates_h200.json)")
 
 def gate_tiles_for(T:int, table:TileTable=GATE_TILES)->tuple:
     "The (A, B) tiles for `T` tokens."

@@ -232,7 +232,7 @@ class Tile:
     @property
     def read(self)->str: return "half2" if self.half2 else "words" if self.words else "bytes"
 
-# (max tokens, gate_up tile, down tile): the fastest of benchmarks/moe_decode_h200.py's sweep on one H200 at the real
+# (max tokens, gate_up tile, down tile): the fastest of benchmarks/kernels/moe_decode.py's sweep on one H200 at the real
 # per-rank shapes, L2-cold; past the last row, the last row's tiles. Word decode: moe_decode_h200_words.json and
 # _words_2_4.json (it beat the byte decode at every token count, moe_decode_h200.json). Half2 decode for gate/up from
 # 2 tokens: moe_decode_h200_half2.json (2 / 4 / 8 tokens: 22.8 / 40.1 / 70.1 µs against the word decode's 25.9 / 47.3
@@ -240,7 +240,7 @@ class Tile:
 TILES = TileTable("moe decode", {(): ((1, Tile(1, 1024, num_stages=2, words=True), Tile(16, 128, words=True)),
                                       (4, Tile(1, 1024, num_warps=2, num_stages=2, half2=True), Tile(16, 128, words=True)),
                                       (8, Tile(1, 1024, num_warps=2, num_stages=2, half2=True), Tile(32, 128, words=True)))},
-                  archs=(H200,), source="benchmarks/moe_decode_h200.py (results/moe_decode_h200_words*.json, _half2*.json)")
+                  archs=(H200,), source="benchmarks/kernels/moe_decode.py (benchmarks/results/current/moe_decode_h200_words.json, moe_decode_h200_words_2_4.json, moe_decode_h200_half2.json)")
 
 def read_flags(read:str)->dict:
     "The `Tile` flags that select a decode, `Tile(16, 128, **read_flags('half2'))`: the inverse of its `read`."
@@ -252,13 +252,13 @@ def codes_for(t:NVFP4Experts, name:str, read:str)->torch.Tensor:
     return codes_view(t.packed, read, name)
 
 # The same with the activation pairs precomputed per token (`act_pairs_triton`, or the routing kernel of ops/moe_route):
-# the half2 decode at every count, the fastest tiles of benchmarks/moe_explore/pairs.py on one H200 (results/pairs.json:
+# the half2 decode at every count, the fastest tiles of the prototype pairs.py (benchmarks/explore/moe.md) on one H200 (benchmarks/results/current/pairs.json:
 # 12.2 / 19.7 / 35.5 / 66.7 µs at 1 / 2 / 4 / 8 tokens, against TILES' 15.3 / 22.8 / 40.0 / 70.2)
 _down = [r[2] for r in TILES.rows_for()]
 PAIR_TILES = TileTable("moe decode, activation pairs loaded", {(): ((1, Tile(1, 1024, num_stages=2, half2=True), _down[0]),
                                                                    (4, Tile(1, 512, num_warps=2, num_stages=2, half2=True), _down[1]),
                                                                    (8, Tile(1, 512, num_warps=2, num_stages=2, half2=True), _down[2]))},
-                       archs=(H200,), source="benchmarks/moe_explore/pairs.py (moe_explore/results/pairs.json)")
+                       archs=(H200,), source="the prototype pairs.py (benchmarks/explore/moe.md; benchmarks/results/current/pairs.json)")
 
 def tiles_for(M:int, pairs:bool=False, table:TileTable|None=None)->tuple:
     "The (gate_up, down) tiles for `M` tokens from `table` (default `TILES`, or `PAIR_TILES` with the activation pairs precomputed)."

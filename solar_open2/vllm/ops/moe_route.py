@@ -89,9 +89,9 @@ def moe_route_kernel(x_ptr, w_ptr, b_ptr, logit_ptr, count_ptr, wts_ptr, ids_ptr
 
 # %% ../../../nbs/08_ops/07_moe_route.ipynb #8e39a86a
 ROUTE_MAX_TOKENS = 4         # the batches the layer routes with the kernel: where it beat vLLM's path on one H200
-# (max tokens, (BLOCK_N, BLOCK_K, num_warps, num_stages)): the fastest of benchmarks/moe_router_h200.py's sweep, one H200
+# (max tokens, (BLOCK_N, BLOCK_K, num_warps, num_stages)): the fastest of benchmarks/kernels/moe_router.py's sweep, one H200
 ROUTE_TILES = TileTable("moe route", {(): ((2, (1, 4096, 4, 1)), (8, (2, 4096, 8, 1)))}, archs=(H200,),
-                        source="benchmarks/moe_router_h200.py (results/moe_router_h200.json)")
+                        source="benchmarks/kernels/moe_router.py (benchmarks/results/current/moe_router_h200.json)")
 
 def route_tile_for(T:int, table:TileTable=ROUTE_TILES)->tuple:
     "The launch parameters for `T` tokens: the first row of `table` that covers them, else the last."

@@ -1,0 +1,359 @@
+"""GPU parity of the vLLM plugin against the reference model, on the tiny checkpoints.
+
+    python -m benchmarks.engine.parity [--cases FORMAT:MODE:DTYPE ...] [--tokens 64] [--noise-factor 2]
+                                       [--out DIR] [--name gpu_parity] [--workdir DIR] [--deadline-s 560]
+
+For each tiny checkpoint (`solar_open2.checkpoint.make_tiny`: Nota's NVFP4 compressed-tensors layout and its BF16
+twin with the dequantised experts) and each mode (`eager`: `enforce_eager=True`; `graphs`: torch.compile with
+piecewise + full CUDA graphs), it runs `vllm.LLM` through the plugin in a fresh subprocess with greedy decoding of
+`--tokens` new tokens for several token-id prompts (lengths 5 to 200, one run per prompt and one batched run), keeping
+each new token's logprob. Then it runs the reference model (`solar_open2.model`, pure torch, fp32) on the same
+checkpoint and compares:
+
+* tokens: teacher-forced on vLLM's sequence, whether each vLLM token is the reference's argmax (if all are, the
+  reference's own greedy continuation is the same sequence, by induction); a mismatch where the reference's top-2
+  margin is below `--tie-nats` is counted as a near-tie, not a failure;
+* logprobs: |vLLM logprob - reference log-softmax| for the chosen token and for vLLM's top-20 tokens at every position;
+* eager vs graphs: identical tokens and the logprob difference.
+
+Pass: every vLLM token is the reference's argmax (near-ties excepted); fp32 cases: top-20 max |dlogprob| <=
+--logprob-tol (default 0.1 nats) and mean <= --logprob-mean-tol (0.05; measured 0.016, TF32 in the Triton kernels is
+the likely cause); bf16 cases: top-20 mean |dlogprob| within --noise-factor (2) x
+the bf16 reference's own deviation from fp32 on the same sequence + 0.01 (vLLM computes in bf16; NVFP4 runs through
+Marlin W4A16 on Hopper, i.e. the same dequantised weights); eager == graphs in tokens. The tiny checkpoint (version 2)
+has a successor map in its `lm_head` so that its top-2 margins are nats wide and BF16 rounding cannot flip a greedy
+token (chapter 06); on it, dropping the beta doubling moves the top-20 logprobs ~3.5x the BF16 noise. Writes
+`<name>.json` (default `gpu_parity.json`) and one engine log per run to --out (default: $OUT if set, else
+benchmarks/results/incoming/) and exits 1 if any check fails.
+
+The plugin must be visible to every process vLLM starts. If the checkout is installed (`pip install --no-deps -e .`
+declares the `vllm.general_plugins` entry point) that is all; otherwise the script writes a throw-away `*.dist-info`
+declaring the same entry point into a temporary directory and puts it, with the repository root, on the children's
+PYTHONPATH (as the engine benchmark, `benchmarks.engine.perf`, does), so vLLM's own `load_general_plugins()` finds it in the engine core
+and the workers. The JSON records which.
+"""
+import argparse, importlib.metadata, json, os, platform, subprocess, sys, tempfile, time
+from pathlib import Path
+
+from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, source_digest
+
+MODULE = "benchmarks.engine.parity"     # each engine runs in a child process of this module
+FORMATS = ("compressed-tensors", "bf16")
+MODES = ("eager", "graphs")
+TOPK = 20   # logprobs returned per position (vLLM's default max_logprobs)
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+       "VLLM_USE_FLASHINFER_SAMPLER": "0", "TRITON_CACHE_AUTOTUNING": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def prompts(vocab: int = 1024, first: int = 142) -> list:
+    "Deterministic token-id prompts (no special tokens): short, one chunk, several chunks, 200 tokens."
+    out = []
+    for n, (a, b) in zip((5, 17, 64, 130, 200), ((7, 3), (13, 5), (29, 11), (31, 17), (37, 19))):
+        out.append([first + (a * i * i + b * i + n) % (vocab - first) for i in range(n)])
+    return out
+
+
+def plugin_entry_point() -> bool:
+    return any(ep.value == "solar_open2.vllm:register"
+               for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
+
+
+def entry_point_shim(root: Path) -> Path:
+    "A minimal `*.dist-info` under `root` declaring the plugin's entry point; put `root` on PYTHONPATH."
+    d = root / "solar_open2_parity_plugin_shim-0.0.0.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: solar_open2_parity_plugin_shim\nVersion: 0.0.0\n")
+    (d / "entry_points.txt").write_text("[vllm.general_plugins]\nsolar_open2 = solar_open2.vllm:register\n")
+    return root
+
+
+# ---- child: one vLLM engine ------------------------------------------------------------------------------------
+
+def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
+             moe_backend: str = "auto", gemv_probe: bool = False) -> dict:
+    "Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs."
+    if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
+    from vllm import LLM, SamplingParams
+    kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=0,
+              max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    if additional_config: kw["additional_config"] = additional_config
+    if moe_backend != "auto": kw["moe_backend"] = moe_backend
+    if gemv_probe: kw["hf_overrides"] = {"architectures": ["SolarOpen2GemvProbeForCausalLM"]}   # the plugin's test model (every dense shape through the GEMV kernels)
+    if mode == "eager": kw["enforce_eager"] = True
+    else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    t_init = time.perf_counter() - t0
+    sp = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, detokenize=False, logprobs=TOPK)
+
+    def gen(ps):
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
+        res = []
+        for o in outs:
+            c = o.outputs[0]
+            res.append({"tokens": list(c.token_ids),
+                        "logprobs": [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                        "topk": [{int(i): float(x.logprob) for i, x in lp.items()} for lp in c.logprobs]})
+        return res
+
+    ps = prompts()
+    t = time.perf_counter()
+    single = [gen([p])[0] for p in ps]
+    t_single = time.perf_counter() - t
+    batched = gen(ps)
+    cfg = llm.llm_engine.vllm_config
+    return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched, "dtype": dtype,
+            "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
+            "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config,
+            "moe_backend": cfg.kernel_config.moe_backend, "architecture": cfg.model_config.architecture}
+
+
+# ---- parent: reference, comparisons -----------------------------------------------------------------------------
+
+def load_reference(ckpt_dir: Path, device: str, dtype: str = "float32"):
+    "The reference model (chapter 05) on `ckpt_dir` in `dtype`, NVFP4 experts dequantised once (cached)."
+    import torch
+    from solar_open2.model import SolarOpen2ForCausalLM
+    return SolarOpen2ForCausalLM.from_pretrained(ckpt_dir, dtype=getattr(torch, dtype), device=device, cache_experts=True)
+
+
+def reference_logprobs(m, ids: list, device: str):
+    "log-softmax over the vocabulary at every position of `ids` (one full-sequence forward): [T, V] fp32."
+    import torch
+    with torch.no_grad():
+        logits, _ = m(torch.tensor([ids], device=device))                     # [1, T, V]
+        return torch.log_softmax(logits[0].float(), -1)
+
+
+def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | None = None) -> dict:
+    """Per position: is `tokens[i]` the argmax of the reference log-probs `lp` [n, V] (near-ties apart), |dlogprob| of
+    the chosen token, and with `topk` (vLLM's {token id: logprob} per position) |dlogprob| over those tokens."""
+    top2 = lp.topk(2, -1)
+    mism, ties, dlp, dk = [], [], [], []
+    for i, t in enumerate(tokens):
+        dlp.append(abs(logprobs[i] - float(lp[i, t])))
+        if t != int(top2.indices[i, 0]):
+            (ties if float(top2.values[i, 0] - lp[i, t]) < tie_nats else mism).append(i)
+        if topk: dk += [abs(v - float(lp[i, int(j)])) for j, v in topk[i].items()]
+    div = min(mism + ties) if mism + ties else None
+    out = {"mismatches": mism, "near_ties": ties, "first_divergence": div,
+           "max_abs_dlogprob": max(dlp), "mean_abs_dlogprob": sum(dlp) / len(dlp),
+           "min_top2_margin": float((top2.values[:, 0] - top2.values[:, 1]).min())}
+    if topk: out.update(topk_max_abs_dlogprob=max(dk), topk_mean_abs_dlogprob=sum(dk) / len(dk))
+    return out
+
+
+def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) -> dict:
+    """Teacher-force vLLM's sequence through the fp32 reference `m`: each vLLM token vs the reference argmax, and the
+    logprobs (chosen token and vLLM's top-k). With `m16` (the same reference in bf16) also the noise floor: the bf16
+    reference's own argmax and logprobs against the fp32 reference on the same sequence and the same top-k ids."""
+    import torch
+    n = len(got["tokens"]); ids = prompt + got["tokens"]
+    lp = reference_logprobs(m, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]          # [n, V]
+    out = {"prompt_len": len(prompt), **compare_lp(lp, got["tokens"], got["logprobs"], tie_nats, got.get("topk"))}
+    if m16 is not None:
+        lp16 = reference_logprobs(m16, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]  # [n, V]
+        am = lp16.argmax(-1)                                                               # [n]
+        ref16 = compare_lp(lp, am.tolist(), lp16.gather(1, am[:, None])[:, 0].tolist(), tie_nats,
+                           [{j: float(lp16[i, int(j)]) for j in got["topk"][i]} for i in range(n)] if got.get("topk") else None)
+        dl16 = (lp16 - lp).gather(1, torch.tensor(got["tokens"], device=lp.device)[:, None]).abs()   # [n, 1]
+        out["noise_floor_bf16_reference"] = {"mismatches": len(ref16["mismatches"]), "mean_abs_dlogprob": float(dl16.mean()),
+                                             "max_abs_dlogprob": float(dl16.max()),
+                                             **{k: ref16[k] for k in ("topk_mean_abs_dlogprob", "topk_max_abs_dlogprob") if k in ref16}}
+    return out
+
+
+def child_main(a) -> int:
+    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe)
+    Path(a.child_out).write_text(json.dumps(res))
+    return 0
+
+
+# The default order runs the cases that prove the most first (a cold machine autotunes the KDA kernels per dtype):
+# the plugin's math in fp32 against the fp32 reference (tight), then the NVFP4 build in bf16 eager and with CUDA
+# graphs, then the BF16 twin in bf16 (judged against the reference's own bf16 noise floor).
+DEFAULT_CASES = ("compressed-tensors:eager:bfloat16", "bf16:eager:float32", "compressed-tensors:graphs:bfloat16",
+                 "bf16:eager:bfloat16")
+
+
+def judge(case: str, dtype: str, cmps: list, a) -> list:
+    """Failure lines for one case. Tokens: every vLLM token is the fp32 reference's argmax on vLLM's own sequence
+    (near-ties below --tie-nats apart; with the tiny checkpoint's successor map the smallest margin is ~2 nats).
+    Logprobs, over vLLM's top-k tokens at every position: fp32 max |dlogprob| <= --logprob-tol and mean <= --logprob-mean-tol;
+    bf16 mean |dlogprob| <= --noise-factor x the bf16 reference's own deviation + 0.01 (dropping the beta doubling
+    moves it ~3.5x)."""
+    fails = []
+    for i, c in enumerate(cmps):
+        if c["mismatches"]: fails.append(f"{case} seq {i}: tokens differ from the fp32 reference's argmax at {c['mismatches']}")
+    if dtype == "float32":
+        for i, c in enumerate(cmps):
+            mx, mean = c.get("topk_max_abs_dlogprob", c["max_abs_dlogprob"]), c.get("topk_mean_abs_dlogprob", c["mean_abs_dlogprob"])
+            if mx > a.logprob_tol: fails.append(f"{case} seq {i}: max |dlogprob| {mx:.4f} > {a.logprob_tol}")
+            if mean > a.logprob_mean_tol: fails.append(f"{case} seq {i}: mean |dlogprob| {mean:.4f} > {a.logprob_mean_tol}")
+        return fails
+    key = "topk_mean_abs_dlogprob" if "topk_mean_abs_dlogprob" in cmps[0] else "mean_abs_dlogprob"
+    md = sum(c[key] for c in cmps) / len(cmps)
+    md16 = sum(c["noise_floor_bf16_reference"][key] for c in cmps) / len(cmps)
+    if md > a.noise_factor * md16 + 0.01:
+        fails.append(f"{case}: mean |dlogprob| over the top-{TOPK} {md:.4f} vs the bf16 reference's {md16:.4f} (x{a.noise_factor} + 0.01 allowed)")
+    return fails
+
+
+def judge_run(key: str, r: dict, a) -> list:
+    """Failure lines for one entry of `report["runs"]`: a case (`FORMAT:MODE:DTYPE`, its single and batched
+    comparisons) or an `...:eager_vs_graphs` record (identical tokens required)."""
+    if "single" in r:
+        dtype = key.split(":")[2]
+        return judge(key, dtype, r["single"], a) + judge(key + " (batched)", dtype, r["batched"], a)
+    same = r.get("same_tokens", [])
+    return [] if all(same) else [f"{key}: eager and CUDA graphs differ in tokens for prompts {[i for i, x in enumerate(same) if not x]}"]
+
+
+def rejudge(a) -> int:
+    """Re-apply `judge` with the current thresholds to a saved report (its per-sequence comparisons are stored);
+    the failures found at run time are kept as `failures_at_run` with the thresholds then in force."""
+    rep = json.loads(Path(a.rejudge).read_text())
+    rep["rejudged_from"] = {"file": Path(a.rejudge).name, "failures_at_run": rep.get("failures", []),
+                            "thresholds_at_run": {k: rep.get(k) for k in ("logprob_tol", "logprob_mean_tol", "noise_factor", "tie_nats")}}
+    rep.update(logprob_tol=a.logprob_tol, logprob_mean_tol=a.logprob_mean_tol, noise_factor=a.noise_factor)
+    fails = [f for f in rep.get("failures", []) if "vLLM run failed" in f or "not run" in f or "splitting ops" in f]
+    for key, r in rep["runs"].items(): fails += judge_run(key, r, a)
+    rep["failures"], rep["passed"] = fails, not fails
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / f"{a.name}.json").write_text(json.dumps(rep, indent=1) + "\n")
+    print(json.dumps({"passed": rep["passed"], "failures": fails, "failures_at_run": rep["rejudged_from"]["failures_at_run"]}, indent=1))
+    return 0 if rep["passed"] else 1
+
+
+def main(argv: list | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES),
+                    help="FORMAT:MODE:DTYPE, format in compressed-tensors|modelopt|bf16, mode eager|graphs, dtype bfloat16|float32")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--logprob-tol", type=float, default=0.1, help="fp32 cases: max |dlogprob| over the top-20 tokens")
+    ap.add_argument("--logprob-mean-tol", type=float, default=0.05, help="fp32 cases: mean |dlogprob| over the top-20 tokens")
+    ap.add_argument("--rejudge", metavar="JSON", help="re-apply the checks (current thresholds) to a saved report; no GPU")
+    ap.add_argument("--noise-factor", type=float, default=2.0, help="bf16 cases: allowed multiple of the bf16 reference's deviation")
+    ap.add_argument("--tie-nats", type=float, default=0.05)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(INCOMING))
+    ap.add_argument("--name", default="gpu_parity", help="name of the JSON report (and prefix of the logs)")
+    ap.add_argument("--workdir", default=None, help="where the tiny checkpoints are written (default: a temp dir)")
+    ap.add_argument("--deadline-s", type=float, default=560, help="stop starting engines after this many seconds")
+    ap.add_argument("--child-model"); ap.add_argument("--child-mode"); ap.add_argument("--child-out")
+    ap.add_argument("--child-dtype", default="bfloat16")
+    ap.add_argument("--moe-backend", default="auto", help="vLLM's moe_backend in every run (auto: vLLM chooses, Marlin on Hopper)")
+    ap.add_argument("--gemv-probe", action="store_true", help="run the plugin's test model SolarOpen2GemvProbeForCausalLM "
+                    "(every unquantized linear shape, the router and the LM head through the GEMV kernels, on any GPU)")
+    ap.add_argument("--additional-config", help="JSON object passed to vLLM as additional_config in every run, "
+                    "e.g. '{\"solar_open2_fuse_kda_proj\": true}'")
+    a = ap.parse_args(argv)
+    a.ac = {}                                                            # --additional-config, parsed once
+    if a.additional_config is not None:
+        try: a.ac = json.loads(a.additional_config)
+        except json.JSONDecodeError as e: ap.error(f"--additional-config: not JSON ({e})")
+        if not isinstance(a.ac, dict): ap.error(f"--additional-config: expected a JSON object, got {a.additional_config!r}")
+    if a.child_model: return child_main(a)
+    if a.rejudge: return rejudge(a)
+    cases = []
+    for c in a.cases:
+        fmt, mode, dtype = (c.split(":") + ["bfloat16"])[:3]
+        if fmt not in ("compressed-tensors", "modelopt", "bf16") or mode not in MODES or dtype not in ("bfloat16", "float32"):
+            ap.error(f"--cases: bad case {c!r}")
+        if fmt != "bf16" and dtype == "float32": ap.error(f"--cases {c}: NVFP4 experts run through Marlin, which needs bf16/fp16")
+        cases.append((fmt, mode, dtype))
+
+    import torch
+    t_start = time.time()
+    if not torch.cuda.is_available():
+        print("gpu_parity: no CUDA device", file=sys.stderr); return 2
+    from solar_open2.checkpoint import make_tiny
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="solar_parity_"))
+    installed = plugin_entry_point()
+    paths = [str(ROOT)] + ([] if installed else [str(entry_point_shim(work / "shim"))])
+    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    import vllm
+    report = {"command": command_line(), "gpu": torch.cuda.get_device_name(0),
+              "git_commit": git_commit(ROOT), "git_dirty": git_dirty(ROOT), "source_sha256": source_digest(ROOT),
+              "additional_config": a.ac, "moe_backend": a.moe_backend, "gemv_probe": a.gemv_probe,
+              "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
+              "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
+              "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats, "runs": {}, "failures": []}
+    ps = prompts(); refs = {}; done = {}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    for fmt, mode, dtype in cases:
+        case = f"{fmt}:{mode}:{dtype}"
+        if time.time() - t_start > a.deadline_s:
+            report["failures"].append(f"{case}: not run (deadline)"); continue
+        ck = work / f"tiny_{fmt.replace('-', '_')}"
+        if not (ck / "config.json").exists(): make_tiny(ck, format=fmt)
+        outf = work / f"vllm_{fmt}_{mode}_{dtype}.json"
+        t = time.time()
+        try:
+            r = subprocess.run([sys.executable, "-m", MODULE, "--child-model", str(ck), "--child-mode", mode, "--child-dtype", dtype,
+                                "--child-out", str(outf), "--tokens", str(a.tokens)]
+                               + (["--additional-config", a.additional_config] if a.additional_config else [])
+                               + (["--gemv-probe"] if a.gemv_probe else [])
+                               + ["--moe-backend", a.moe_backend], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
+        except subprocess.TimeoutExpired as e:
+            txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
+            r = subprocess.CompletedProcess(e.cmd, 124, txt(e.stdout), txt(e.stderr) + "\n[gpu_parity: timed out]")
+        (Path(a.out) / f"{a.name}_{fmt}_{mode}_{dtype}.log").write_text(r.stdout + r.stderr)
+        if r.returncode != 0:
+            report["failures"].append(f"{case}: vLLM run failed (rc {r.returncode}): {(r.stderr or r.stdout)[-800:]}")
+            continue
+        res = json.loads(outf.read_text()); res["wall_s"] = round(time.time() - t, 1)
+        try:
+            if fmt not in refs: refs[fmt] = (load_reference(ck, "cuda", "float32"), load_reference(ck, "cuda", "bfloat16"))
+        except Exception as e:
+            report["failures"].append(f"{fmt}: reference model failed to load: {type(e).__name__}: {e}"); continue
+        m32, m16 = refs[fmt]
+        m16_ = m16 if dtype == "bfloat16" else None
+        single = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["single"])]
+        batched = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["batched"])]
+        same_batched = [g["tokens"] == b["tokens"] for g, b in zip(res["single"], res["batched"])]
+        rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config", "moe_backend", "architecture")}
+        rec.update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
+                    "single": single, "batched": batched, "batched_equals_single": same_batched,
+                    "tokens": [g["tokens"] for g in res["single"]]})
+        report["failures"] += judge_run(case, rec, a)
+        if mode == "graphs" and not rec["kda_op_splits_graphs"]:
+            report["failures"].append(f"{case}: the KDA op is not among the CUDA-graph splitting ops")
+        report["runs"][case] = rec; done[case] = res
+        for (f2, m2, d2), other in [(tuple(k.split(":")), v) for k, v in done.items()]:
+            if f2 == fmt and d2 == dtype and m2 != mode:
+                e_, g_ = (other, res) if m2 == "eager" else (res, other)
+                same = [x["tokens"] == y["tokens"] for x, y in zip(e_["single"], g_["single"])]
+                d = max(abs(u - v) for x, y in zip(e_["single"], g_["single"]) for u, v in zip(x["logprobs"], y["logprobs"]))
+                dk = [abs(p[j] - q[j]) for x, y in zip(e_["single"], g_["single"]) for p, q in zip(x["topk"], y["topk"])
+                      for j in p if j in q]
+                key = f"{fmt}:{dtype}:eager_vs_graphs"
+                report["runs"][key] = {"same_tokens": same, "max_abs_dlogprob": d,
+                                       "topk_max_abs_dlogprob": max(dk), "topk_mean_abs_dlogprob": sum(dk) / len(dk)}
+                report["failures"] += judge_run(key, report["runs"][key], a)
+        (Path(a.out) / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")   # partial results survive a kill
+    report["wall_s"] = round(time.time() - t_start, 1)
+    report["passed"] = not report["failures"]
+    (Path(a.out) / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    summary = {}
+    for case, r in report["runs"].items():
+        if "single" not in r: summary[case] = r; continue
+        summary[case] = {"init_s": r["init_s"], "mismatches": sum(len(c["mismatches"]) for c in r["single"]),
+                         "near_ties": sum(len(c["near_ties"]) for c in r["single"]),
+                         "max_dlogprob": round(max(c["max_abs_dlogprob"] for c in r["single"]), 4),
+                         "mean_dlogprob": round(sum(c["mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4),
+                         "min_top2_margin": round(min(c["min_top2_margin"] for c in r["single"]), 3)}
+        if "topk_mean_abs_dlogprob" in r["single"][0]:
+            summary[case]["topk_max_dlogprob"] = round(max(c["topk_max_abs_dlogprob"] for c in r["single"]), 4)
+            summary[case]["topk_mean_dlogprob"] = round(sum(c["topk_mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4)
+        if "noise_floor_bf16_reference" in r["single"][0]:
+            nf = [c["noise_floor_bf16_reference"] for c in r["single"]]
+            summary[case]["bf16_reference_noise"] = {"mismatches": sum(x["mismatches"] for x in nf),
+                                                     "mean_dlogprob": round(sum(x["mean_abs_dlogprob"] for x in nf) / len(nf), 4),
+                                                     "topk_mean_dlogprob": round(sum(x.get("topk_mean_abs_dlogprob", 0) for x in nf) / len(nf), 4)}
+    print(json.dumps({"passed": report["passed"], "summary": summary, "failures": report["failures"]}, indent=1))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
