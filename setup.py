@@ -1,6 +1,7 @@
 """Packaging for solar-open2 (nbdev 2 layout: settings.ini holds the metadata, this file maps it).
 
-Extras: `vllm` (the serving engine the plugin targets), `dev` (tests, notebooks, docs).
+Extras: `vllm` (the serving engine the plugin targets: 0.25.1), `vllm026` / `vllm033` (the other supported
+releases, each in its own environment), `test` (the plugin contract tests), `dev` (tests, notebooks, docs).
 Entry points: the `solar-open2` console script, nbdev's symbol index, and vLLM's general-plugin hook.
 """
 from configparser import ConfigParser
@@ -25,6 +26,12 @@ requirements = [
 extras = {
     # the engine the plugin is written against; vllm 0.25.1 pins torch==2.11.0 (CUDA 13 build, runs on CPU too)
     "vllm": ["vllm==0.25.1", "flashinfer-python", "transformers>=5.5.3"],
+    # the other supported releases, one per environment (`.ci/vllm-env.sh VERSION DIR` builds it):
+    # 0.26.0 is NVIDIA Dynamo 1.4.1's (torch==2.11.0 as 0.25.1), 0.33.0 Dynamo 1.7.0's (torch==2.14.0, Python >= 3.11)
+    "vllm026": ["vllm==0.26.0", "flashinfer-python", "transformers>=5.5.3"],
+    "vllm033": ["vllm==0.33.0", "flashinfer-python", "transformers>=5.16.1,<5.21"],
+    # what the plugin's contract tests need beside the engine (also part of dev)
+    "test": ["pytest", "hypothesis", "nbdev==2.4.14", "execnb==0.1.18", "fastcore==1.13.10"],
     "dev": [
         "nbdev==2.4.14", "execnb==0.1.18", "fastcore==1.13.10",  # the last nbdev that reads settings.ini
         "jupyter", "nbconvert", "ipywidgets", "ipykernel",

@@ -632,7 +632,7 @@ BENCH_EXAMPLES = """examples:
   solar-open2 bench smoke --url http://127.0.0.1:8000
   solar-open2 bench single --prompt-len 8K --max-tokens 256
   solar-open2 bench sweep --lengths 2K,8K,32K --repeats 2 --out sweep.json --plot sweep.png
-  solar-open2 bench make-trace trace.jsonl --n 64 --rate 0.5
+  solar-open2 bench make-trace trace.jsonl --n 16 --rate 4
   solar-open2 bench trace trace.jsonl --concurrency 8 --ttft-slo 2 --tps-slo 5 --out trace.json"""
 
 def bench_parser():

@@ -318,12 +318,14 @@ class Targets:
     def substitute(self, argv: list[str]) -> list[str]:
         out = []
         for i, a in enumerate(argv):
-            if a in ("DIR", "CHECKPOINT", "MODEL_DIR"):
+            if a in ("DIR", "CHECKPOINT", "MODEL_DIR") or a.startswith("/models/"):
                 a = self.new_dir() if argv[1:2] == ["make-tiny"] else str(self.tiny)
             elif a in ("OUT", "OUT_DIR"): a = self.new_dir()
             elif a == "URL" or re.match(r"^https?://(127\.0\.0\.1|localhost):\d+", a): a = self.url()
             elif a == "TRACE": a = self.trace()
             out.append(a)
+        if out[1:2] == ["bench"] and out[2:3] != ["make-trace"] and len(out) > 2 and not any(a == "--url" or a.startswith("--url=") for a in out):
+            out += ["--url", self.url()]   # bench's default URL is a local server: point it at the fake one
         return out
 
 
@@ -340,7 +342,7 @@ def test_help_examples_run(helps, targets, progress):
     for path, ex in found:
         progress(ex)
         argv = targets.substitute(shlex.split(ex))
-        try: r = run([str(BIN/"solar-open2"), *argv[1:]], timeout=120)
+        try: r = run([str(BIN/"solar-open2"), *argv[1:]], timeout=120, cwd=targets.tmp)   # relative outputs land in tmp
         except subprocess.TimeoutExpired: bad.append(f"{ex}: ran past 120 s"); continue
         if r.returncode == 2 or r.returncode not in (0, 1) or "Traceback (most recent call last)" in r.stderr:
             bad.append(f"{ex}  (as {' '.join(argv)}): exit {r.returncode}\n{(r.stderr or r.stdout)[-1500:]}")

@@ -342,7 +342,7 @@ def test_server_command_parses_with_vllm(tmp_path, monkeypatch):
     from vllm import platforms
     from vllm.platforms.cpu import CpuPlatform
     monkeypatch.setattr(platforms, "_current_platform", CpuPlatform())    # building the parser infers a device
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from solar_open2.vllm.compat import make_arg_parser       # its home moved in vLLM 0.33.0
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     cmd = gcs.server_command(tmp_path / "m", 8123, tmp_path / "p.py")
     a = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", str(tmp_path / "m")] + cmd[5:])

@@ -51,7 +51,7 @@ def o_norm_module(D:int, eps:float, weight, device):
     On CUDA its Triton kernel (`forward_cuda`, one launch) stands in for the two inductor kernels the engine compiles
     from `forward_native` (chapter 09's trace): one kernel fewer than the engine runs, in the unfused path's favour."""
     from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor.layers.fla.ops.kda import FusedRMSNormGated
+    from solar_open2.vllm.compat import FusedRMSNormGated      # its home moved in vLLM 0.26.0
     if device == "cpu":
         from solar_open2.vllm.testing import force_cpu_platform
         force_cpu_platform()

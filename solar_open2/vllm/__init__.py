@@ -25,7 +25,7 @@ KDA_DECODE_OP_NAME = "solar_open2_kda_decode"                 # a KDA decode ste
 KDA_DECODE_OP = "vllm::" + KDA_DECODE_OP_NAME                 # a splitting op as well
 KDA_DECODE_LR_OP_NAME = "solar_open2_kda_decode_lr"           # the same step from the low-rank gates' first half and beta's logits
 KDA_DECODE_LR_OP = "vllm::" + KDA_DECODE_LR_OP_NAME           # a splitting op as well
-VLLM_VERSION = "0.25.1"                                       # the engine this plugin is written against
+VLLM_VERSION = "0.25.1"                                       # the default engine (`[vllm]` extra); all supported: compat.SUPPORTED
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"       # setup.py, group `vllm.general_plugins`
 PARSER_NAME = "solar_open2"                                   # --reasoning-parser / --tool-call-parser name
 PARSERS_MODULE = "solar_open2.vllm.parsers"                   # chapter `chat_vllm`'s vLLM adapters (imported lazily)
@@ -80,9 +80,10 @@ def register()->None:
     global _warned_version
     import vllm
     from .config import SolarOpen2HFConfig, SolarOpen2ConfigHook
-    if vllm.__version__ != VLLM_VERSION and not _warned_version:
+    from .compat import SUPPORTED, is_supported
+    if not is_supported(vllm.__version__) and not _warned_version:
         _warned_version = True
-        log.warning("solar_open2: written for vLLM %s, found %s", VLLM_VERSION, vllm.__version__)
+        log.warning("solar_open2: tested with vLLM %s, found %s", ", ".join(SUPPORTED), vllm.__version__)
     _register_config(SolarOpen2HFConfig)
     _register_model()
     _register_model(PROBE_ARCH, PROBE_CLASS)

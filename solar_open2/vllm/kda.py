@@ -15,7 +15,7 @@ from torch import nn
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.distributed import divide, get_tensor_model_parallel_world_size
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.fla.ops.kda import FusedRMSNormGated
+from .compat import FusedRMSNormGated, eager_break
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear,
                                                RowParallelLinear, UnquantizedLinearMethod)
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -57,8 +57,8 @@ class KDAKernels:
     recurrent: Callable
 
 def triton_kernels()->KDAKernels:
-    "vLLM 0.25.1's FLA / causal-conv Triton kernels (GPU only)."
-    from vllm.model_executor.layers.fla.ops.kda import chunk_kda_with_fused_gate, fused_kda_gate, fused_recurrent_kda
+    "vLLM's FLA / causal-conv Triton kernels (GPU only; the FLA ones through `compat`: their package moved in 0.26.0)."
+    from solar_open2.vllm.compat import chunk_kda_with_fused_gate, fused_kda_gate, fused_recurrent_kda
     from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
     return KDAKernels("triton", causal_conv1d_fn, causal_conv1d_update, chunk_kda_with_fused_gate, fused_kda_gate,
                       fused_recurrent_kda)
@@ -321,7 +321,7 @@ def _kda_op(qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, core_attn_out:
 def _kda_op_fake(qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, core_attn_out:torch.Tensor, layer_name:str)->None: return
 
 if not hasattr(torch.ops.vllm, KDA_OP_NAME):
-    direct_register_custom_op(op_name=KDA_OP_NAME, op_func=_kda_op, mutates_args=["core_attn_out"], fake_impl=_kda_op_fake)
+    direct_register_custom_op(op_name=KDA_OP_NAME, op_func=eager_break(_kda_op), mutates_args=["core_attn_out"], fake_impl=_kda_op_fake)
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #7e03aeb6
 def kda_decode_unfused(kn:KDAKernels, # the kernel table (Triton on the GPU, torch as the reference)
@@ -482,7 +482,7 @@ def _decode_op_fake(qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, g2:tor
     return
 
 if not hasattr(torch.ops.vllm, KDA_DECODE_OP_NAME):
-    direct_register_custom_op(op_name=KDA_DECODE_OP_NAME, op_func=_decode_op, mutates_args=["out"], fake_impl=_decode_op_fake)
+    direct_register_custom_op(op_name=KDA_DECODE_OP_NAME, op_func=eager_break(_decode_op), mutates_args=["out"], fake_impl=_decode_op_fake)
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #fe058a9f
 def kda_decode_lr_forward(layer, # a `SolarOpen2KDA`
@@ -511,7 +511,7 @@ def _decode_lr_op_fake(qkv:torch.Tensor, b:torch.Tensor, fg:torch.Tensor, out:to
     return
 
 if not hasattr(torch.ops.vllm, KDA_DECODE_LR_OP_NAME):
-    direct_register_custom_op(op_name=KDA_DECODE_LR_OP_NAME, op_func=_decode_lr_op, mutates_args=["out"], fake_impl=_decode_lr_op_fake)
+    direct_register_custom_op(op_name=KDA_DECODE_LR_OP_NAME, op_func=eager_break(_decode_lr_op), mutates_args=["out"], fake_impl=_decode_lr_op_fake)
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #bf30f70c
 def _plain_linears(layer:torch.nn.Module, names:tuple)->bool:

@@ -6,9 +6,8 @@
 from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
-from vllm.entrypoints.chat_utils import make_tool_call_id
-from vllm.entrypoints.openai.engine.protocol import (DeltaFunctionCall, DeltaMessage, DeltaToolCall,
-                                                     ExtractedToolCallInformation, FunctionCall, ToolCall)
+from .compat import (DeltaFunctionCall, DeltaMessage, DeltaToolCall, ExtractedToolCallInformation,
+                                     FunctionCall, ToolCall, make_tool_call_id)   # homes moved in vLLM 0.33.0
 from vllm.reasoning import ReasoningParser
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 

@@ -64,6 +64,16 @@ def _ensure_distributed():
                                          distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", backend="gloo")
 
 @contextlib.contextmanager
+def _compiled_op_stand_ins():
+    "While the bench builds layers: `torch.ops._C.silu_and_mul` where vLLM's compiled ops are absent (the CUDA wheel without a GPU)."
+    if hasattr(torch.ops._C, "silu_and_mul"):
+        yield; return
+    def silu_and_mul(out:torch.Tensor, x:torch.Tensor)->None:                 # the compiled op's contract, in place
+        d = x.shape[-1] // 2
+        out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])         # [..., 2d] -> [..., d]
+    with mock.patch.object(torch.ops._C, "silu_and_mul", silu_and_mul, create=True): yield
+
+@contextlib.contextmanager
 def cpu_vllm(model_dir=None, vllm_config=None, **kwargs):
     "Context for building vLLM layers on CPU: current config, distributed groups, default dtype. Yields the `VllmConfig`."
     from vllm.config import set_current_vllm_config
@@ -73,7 +83,7 @@ def cpu_vllm(model_dir=None, vllm_config=None, **kwargs):
     _ensure_distributed()
     old = torch.get_default_dtype()
     try:
-        with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype):
+        with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype), _compiled_op_stand_ins():
             if not model_parallel_is_initialized():
                 with _real_stdout(): initialize_model_parallel(1, 1)
             yield vc
