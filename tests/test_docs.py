@@ -101,7 +101,7 @@ def test_index_table_lists_every_chapter():
     md = "".join("".join(c["source"]) for c in json.loads((ROOT/"nbs"/"index.ipynb").read_text())["cells"]
                  if c["cell_type"] == "markdown")
     table = md[md.index("## Reading order"):].split("\n## ")[0]
-    linked = set(re.findall(r"\]\(([\w.-]+\.html)", table))
+    linked = set(re.findall(r"\]\(([\w./-]+\.html)", table))
     missing = [p for p in chapter_pages()[1:] if p not in linked]
     assert not missing, f"chapters missing from the index's table: {missing}"
 
