@@ -133,10 +133,11 @@ CONTENTION_TILES = ((1, 512, 4, 3), (2, 512, 4, 3), (1, 1024, 4, 3), (1, 256, 2,
 
 def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES, reps:int=50, deadline_s:float=70.0,
         out_paths=(), device:str="cuda", shapes:dict|None=None, timer=None, rotations:int=8, shared:bool=False,
-        shared_tiles=CONTENTION_TILES)->dict:
+        shared_tiles=CONTENTION_TILES, small_reads=READS)->dict:
     """Check, then per token count time each kernel alone over its tiles and the two together with the best pair;
     returns the result dict (also written to `out_paths`). Tiles are (block_n, block_k, num_warps, num_stages[, words[, half2]]):
     a fifth field 1 selects the 32-bit word decode (`md.Tile.words`), a sixth the packed fp16 decode (`md.Tile.half2`).
+    `small_reads`: the decodes whose small cases (the chapter's `self_check`) run first, all of them by default.
     `device`, `shapes` and `timer` exist for the CPU test of this script (Triton's interpreter, a fake timer)."""
     import torch, triton
     from solar_open2 import nvfp4
@@ -146,7 +147,7 @@ def run(tokens=(1, 2, 4, 8), gate_up_tiles=GATE_UP_TILES, down_tiles=DOWN_TILES,
     res = {**result_head("moe_decode_h200", dev, ROOT, schema=2), "shapes": shp, "rotations": rotations,
            "bandwidth_Bps": H200_BANDWIDTH, "marlin_profile": MARLIN_PROFILE, "checks": [], "timings": [], "skipped": []}
     save = json_writer(res, out_paths, gate, GATE_RULE)
-    res["checks"] = [{**c, "kind": "small"} for rd in READS for c in md.self_check(device=dev, read=rd)]
+    res["checks"] = [{**c, "kind": "small"} for rd in small_reads for c in md.self_check(device=dev, read=rd)]
     E, K, I, H, k = (shp[x] for x in ("E", "K", "I", "H", "topk"))
     w13, w2 = random_experts(E, K, I, H, dev)
     x = torch.randn(1, K, device=dev, dtype=torch.float32).to(torch.bfloat16)

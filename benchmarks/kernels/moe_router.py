@@ -48,9 +48,10 @@ def gate(res:dict)->bool:
     return res.get("checks_pass") is True
 
 def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out_paths=(), device:str="cuda",
-        shapes:dict|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, pairs:bool=False)->dict:
+        shapes:dict|None=None, timer=None, l2_bytes:float=L2_BYTES, max_copies:int=64, pairs:bool=False, small_checks:bool=True)->dict:
     """Check, then per token count time vLLM's path and the kernel over its tiles; returns the result dict (also
-    written to `out_paths`). `device`, `shapes`, `timer` exist for the CPU test."""
+    written to `out_paths`). `small_checks`: run the chapter's small cases (`self_check`) first (default).
+    `device`, `shapes`, `timer` exist for the CPU test."""
     import torch
     from solar_open2.vllm.ops import moe_route as mr
     t0 = time.perf_counter()
@@ -58,7 +59,7 @@ def run(tokens=(1, 2, 4, 8), tiles=None, reps:int=50, deadline_s:float=90.0, out
     E, K, k = shp["E"], shp["K"], shp["top_k"]
     res = {**result_head("moe_router_h200", device, ROOT), "shapes": shp, "checks": [], "timings": [], "skipped": [], "best": {}}
     save = json_writer(res, out_paths, gate, GATE_RULE)
-    res["small_checks"] = mr.self_check(device=device)
+    res["small_checks"] = mr.self_check(device=device) if small_checks else []
     g = torch.Generator(device=device).manual_seed(0)
     nbytes = 4 * E * K                                                        # fp32 weights read per call
     copies = max(1, min(max_copies, int(-(-l2_bytes // nbytes))))

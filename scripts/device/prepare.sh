@@ -71,6 +71,8 @@ CORE=(
   # typing-extensions (the image has 4.16.0, which its anyio needs; an older
   # copy first on PYTHONPATH breaks `import fastapi`)
   pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0
+  # the plugin's modules use fastcore's `@patch` (a declared requirement; pure Python, the image lacks it)
+  fastcore==1.13.10
   typing-inspection==0.4.2
   msgspec==0.19.0 pyzmq==27.1.0 cbor2==5.7.1 cachetools==6.2.4
   fastapi==0.135.3 starlette==1.0.1
