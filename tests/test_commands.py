@@ -177,14 +177,11 @@ with mock.patch.object(serve.ServeSubcommand, "cmd", staticmethod(parsed)): main
 args = seen["args"]
 from vllm.plugins import load_general_plugins
 load_general_plugins()                      # the package's plugin, as vllm serve loads it
-import contextlib
 import vllm.engine.arg_utils as arg_utils
-from vllm.engine.arg_utils import AsyncEngineArgs
 # with HF_HUB_OFFLINE (as CI sets) vLLM swaps a hub id for its local snapshot, which a machine that never downloaded
 # the model lacks: the id stays as written, the arguments are validated all the same
-keep_id = (mock.patch.object(arg_utils, "get_model_path", lambda model, revision=None: model)
-           if hasattr(arg_utils, "get_model_path") else contextlib.nullcontext())
-with keep_id: AsyncEngineArgs.from_cli_args(args)
+with mock.patch.object(arg_utils, "get_model_path", lambda model, revision=None: model):
+    arg_utils.AsyncEngineArgs.from_cli_args(args)
 if args.reasoning_parser:
     from vllm.reasoning import ReasoningParserManager
     ReasoningParserManager.get_reasoning_parser(args.reasoning_parser)

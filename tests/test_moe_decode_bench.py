@@ -21,6 +21,12 @@ def test_bytes_per_expert_at_the_real_shapes():
     assert b == {"w13": 2 * (640 * (2048 + 256) + 8), "w2": 4096 * (320 + 40) + 8}   # codes + block scales + global scale
     assert 8 * (b["w13"] + b["w2"]) / 4.8e12 * 1e6 == pytest.approx(7.37, abs=0.01)   # one token's experts at 4.8 TB/s
 
+def test_the_script_checks_every_decode_by_default():
+    "The CPU tests below narrow `small_reads`; the GPU script itself runs the small cases of all three decodes."
+    import inspect
+    from benchmarks.kernels import moe_decode as m
+    assert inspect.signature(m.run).parameters["small_reads"].default == m.READS == ("bytes", "words", "half2")
+
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks, per-kernel and joint timing, bytes, JSON) with small shapes, the interpreter, a fake timer."
     code = f"""

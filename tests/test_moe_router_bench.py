@@ -19,6 +19,12 @@ def test_real_shapes():
     from solar_open2.config import SolarOpen2Config
     assert m.real_shapes(SolarOpen2Config.real()) == dict(E=320, K=4096, top_k=8)
 
+def test_the_script_runs_the_small_cases_by_default():
+    "test_pairs_option_on_cpu turns the small cases off; the GPU script runs them."
+    import inspect
+    from benchmarks.kernels import moe_router as m
+    assert inspect.signature(m.run).parameters["small_checks"].default is True
+
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks against the definition and vLLM's CPU path, timings, JSON) at small shapes, a fake timer."
     code = f"""
