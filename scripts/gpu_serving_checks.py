@@ -101,7 +101,9 @@ def child_prefix(a) -> dict:
     a_ids, b_ids = json.loads(Path(a.child_prompts).read_text())
     kw = dict(model=a.child_model, tokenizer=a.child_model, skip_tokenizer_init=True, dtype="bfloat16", seed=0,
               max_model_len=PREFIX_MAX_MODEL_LEN, max_num_seqs=4, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-              gpu_memory_utilization=0.3, enable_prefix_caching=a.child_pc == "on", disable_log_stats=False)
+              gpu_memory_utilization=a.gpu_memory_utilization or 0.3, enable_prefix_caching=a.child_pc == "on",
+              disable_log_stats=False)
+    if a.kv_cache_memory_bytes: kw["kv_cache_memory_bytes"] = a.kv_cache_memory_bytes   # skips profiling: a shared GPU
     if a.child_mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
     llm = LLM(**kw)
@@ -127,6 +129,7 @@ def child_kv(a) -> dict:
               max_model_len=c["max_model_len"], kv_cache_memory_bytes=c["kv_cache_memory_bytes"],
               kv_cache_dtype=c["kv_cache_dtype"], enable_prefix_caching=c["prefix_caching"], enforce_eager=True,
               max_num_seqs=8, max_num_batched_tokens=8192)
+    if a.gpu_memory_utilization: kw["gpu_memory_utilization"] = a.gpu_memory_utilization   # only the start-up free-memory check
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
     if a.attention_backend: kw["attention_config"] = {"backend": a.attention_backend}
     t = time.perf_counter()
@@ -192,6 +195,12 @@ def _env(work: Path) -> tuple:
     return env, "installed" if installed else "shim dist-info on PYTHONPATH"
 
 
+def _memory_flags(a) -> list:
+    "The memory options, passed on to each engine's process."
+    return ((["--gpu-memory-utilization", str(a.gpu_memory_utilization)] if a.gpu_memory_utilization else [])
+            + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else []))
+
+
 def _child(args: list, env: dict, log: Path, timeout: float) -> subprocess.CompletedProcess:
     try: r = subprocess.run([sys.executable, __file__, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -228,7 +237,8 @@ def main_prefix(a) -> int:
             if time.time() - t0 > a.deadline_s: rep["failures"].append(f"{key}: not run (deadline)"); continue
             outf = work / f"{mode}_{pc}.json"
             r = _child(["--child-job", "prefix", "--child-model", str(ck), "--child-mode", mode, "--child-pc", pc,
-                        "--child-prompts", str(work / "prompts.json"), "--child-out", str(outf), "--tokens", str(a.tokens)],
+                        "--child-prompts", str(work / "prompts.json"), "--child-out", str(outf), "--tokens", str(a.tokens)]
+                       + _memory_flags(a),
                        env, Path(a.out) / f"{a.name}_{mode}_{pc}.log", max(60, a.deadline_s - (time.time() - t0) + 60))
             if r.returncode: rep["failures"].append(f"{key}: vLLM run failed (rc {r.returncode}): {(r.stderr or r.stdout)[-600:]}"); continue
             res = runs[(mode, pc)] = json.loads(outf.read_text())
@@ -261,7 +271,7 @@ def main_kv(a) -> int:
         outf = work / f"kv_{case.replace(':', '_').replace('+', '_')}.json"
         log = Path(a.out) / f"{a.name}_{case.replace(':', '_').replace('+', '_')}.log"
         r = _child(["--child-job", "kv", "--child-model", str(model), "--child-case", case, "--child-out", str(outf),
-                    "--moe-backend", a.moe_backend] + (["--attention-backend", a.attention_backend] if a.attention_backend else []),
+                    "--moe-backend", a.moe_backend] + _memory_flags(a) + (["--attention-backend", a.attention_backend] if a.attention_backend else []),
                    env, log, max(60, a.deadline_s - (time.time() - t0) + 60))
         logged = ph.parse_engine_log(r.stdout + r.stderr)
         rec["logged"] = {k: logged.get(k) for k in ("block_size", "mamba_padding_pct", "kv_cache_tokens", "max_concurrency",
@@ -298,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tie-nats", type=float, default=0.05, help="prefix: a reference top-2 margin below this is a near-tie")
     ap.add_argument("--cases", nargs="+", help=f"kv: DTYPE[+pc]:POOL:LEN (default: {' '.join(KV_CASES)})")
     ap.add_argument("--moe-backend", default="auto"); ap.add_argument("--attention-backend", default=None)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="vLLM's gpu_memory_utilization (default: prefix 0.3, kv vLLM's own; with a fixed pool it only sets "
+                    "the free memory vLLM demands at start-up, so lower it when other checks share the GPU)")
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                    help="prefix: a fixed KV pool in bytes (skips vLLM's memory profiling, which other engines on the "
+                    "GPU upset); kv: ignored, each case names its pool")
     ap.add_argument("--model-dir", help="kv: where the rank model's config.json goes (default: a fixed temp path)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results" / "incoming"))
     ap.add_argument("--name", default=None, help="JSON report name (default: gpu_serving_<job>)")

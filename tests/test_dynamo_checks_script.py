@@ -67,3 +67,13 @@ def test_engine_options_are_vllms():
     from vllm.engine.arg_utils import EngineArgs
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     for case in C.CASES: assert set(C.engine_kwargs("/m", case, 2**30, 1024)) <= fields, case
+
+
+def test_shared_gpu_memory_option():
+    "`--gpu-memory-utilization` (checks.sh TOGETHER=1) reaches the engines and the server; without it vLLM's default holds."
+    assert "gpu_memory_utilization" not in C.engine_kwargs("/m", "bf16kv_eager", 2**30, 1024)
+    assert C.engine_kwargs("/m", "bf16kv_eager", 2**30, 1024, 0.08)["gpu_memory_utilization"] == 0.08
+    assert "--gpu-memory-utilization" not in C.serve_args(8000, 2**30)
+    s = C.serve_args(8000, 2**30, 0.08)
+    assert s[s.index("--gpu-memory-utilization") + 1] == "0.08"
+    assert C.parser().parse_args(["--gpu-memory-utilization", "0.08"]).gpu_memory_utilization == 0.08

@@ -1,6 +1,6 @@
 """The CPU parts of `scripts/gpu_serving_checks.py`: what the GPU jobs expect (from the budget) and the checks that
 judge their results, run here on synthetic results so that each check is seen to fail."""
-import copy, json, subprocess, sys
+import copy, json, os, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +93,22 @@ def test_parser_takes_the_lead_commands():
     assert (a.job, a.modes, a.format) == ("prefix", ["eager", "graphs"], "compressed-tensors")
     a = ap.parse_args(["kv", "--cases", *g.KV_CASES])
     assert a.cases == list(g.KV_CASES) and a.moe_backend == "auto"
+
+
+def test_memory_flags_reach_the_engines():
+    "The sharing options (checks.sh TOGETHER=1) are handed to each engine's process, and only when given."
+    ap = g.build_parser()
+    assert g._memory_flags(ap.parse_args(["prefix"])) == []
+    a = ap.parse_args(["prefix", "--gpu-memory-utilization", "0.08", "--kv-cache-memory-bytes", "2147483648"])
+    assert g._memory_flags(a) == ["--gpu-memory-utilization", "0.08", "--kv-cache-memory-bytes", "2147483648"]
+    assert g._memory_flags(ap.parse_args(["kv", "--gpu-memory-utilization", "0.74"])) == ["--gpu-memory-utilization", "0.74"]
+
+
+def test_checks_script_refuses_timed_jobs_together_and_unknown_jobs(tmp_path):
+    "checks.sh: the rank benchmarks time steps, so TOGETHER=1 refuses them; an unknown job stops before anything runs."
+    sh = ROOT / "scripts/device/checks.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "TOGETHER": "1"}
+    r = subprocess.run(["bash", str(sh), "parity", "new-rank"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "new-rank times decode steps" in r.stderr
+    r = subprocess.run(["bash", str(sh), "parity", "nope"], capture_output=True, text=True, env={**env, "TOGETHER": "0"})
+    assert r.returncode == 2 and "unknown job 'nope'" in r.stderr and not list(tmp_path.iterdir())

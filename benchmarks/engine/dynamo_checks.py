@@ -140,10 +140,11 @@ def child_env(shim_dir: Path) -> dict:
 
 # ---- child: one engine ------------------------------------------------------------------------------------------
 
-def child(model: str, case: str, tokens: int, pool: int, max_model_len: int, out: str) -> int:
+def child(model: str, case: str, tokens: int, pool: int, max_model_len: int, out: str,
+          gpu_memory_utilization: float | None = None) -> int:
     from vllm import LLM, SamplingParams
     t0 = time.perf_counter()
-    llm = LLM(**engine_kwargs(model, case, pool, max_model_len))
+    llm = LLM(**engine_kwargs(model, case, pool, max_model_len, gpu_memory_utilization))
     init_s = time.perf_counter() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False, logprobs=TOPK)
     res = []
@@ -160,6 +161,7 @@ def run_case(name: str, a, model: Path, env: dict, deadline: float) -> dict:
     out, log = Path(a.out) / f"{name}.child.json", Path(a.out) / f"dynamo_checks_{name}.log"
     cmd = [sys.executable, "-m", "benchmarks.engine.dynamo_checks", "--child", name, "--child-model", str(model),
            "--child-out", str(out), "--tokens", str(a.tokens), "--pool-bytes", str(a.pool_bytes), "--max-model-len", str(a.max_model_len)]
+    if a.gpu_memory_utilization: cmd += ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
     with open(log, "w") as f:
         try: rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=max(30, deadline - time.time())).returncode
         except subprocess.TimeoutExpired: rc = "timeout"
@@ -197,19 +199,22 @@ def _post(url: str, body: dict, timeout: float = 120) -> dict:
     with urllib.request.urlopen(req, timeout=timeout) as r: return json.loads(r.read())
 
 
-def serve_args(port: int, pool: int) -> list:
+def serve_args(port: int, pool: int, gpu_memory_utilization: float | None = None) -> list:
     "The server's options: the manifests' worker flags that apply to one GPU and the tiny model."
-    return ["--served-model-name", "solar-tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
+    util = ["--gpu-memory-utilization", str(gpu_memory_utilization)] if gpu_memory_utilization else []
+    return util + ["--served-model-name", "solar-tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
             "--enforce-eager", "--kv-cache-dtype", "fp8", "--attention-backend", "FLASHINFER",
             "--kv-cache-memory-bytes", str(pool), "--reasoning-parser", "solar_open2",
             "--logits-processors", LOGITS_PROCESSOR, "--no-enable-prefix-caching"]
 
 
-def engine_kwargs(model: str, case: str, pool: int, max_model_len: int) -> dict:
-    "The `vllm.LLM` keyword arguments of one case."
+def engine_kwargs(model: str, case: str, pool: int, max_model_len: int, gpu_memory_utilization: float | None = None) -> dict:
+    """The `vllm.LLM` keyword arguments of one case. With the pool fixed, `gpu_memory_utilization` only sets the free
+    memory vLLM demands at start-up (lower it when other checks share the GPU)."""
     kv, backend, mode, _ = CASES[case]
     kw = dict(model=model, tokenizer=model, skip_tokenizer_init=True, dtype="bfloat16", seed=0, max_model_len=max_model_len,
               max_num_seqs=8, kv_cache_memory_bytes=pool, kv_cache_dtype=kv, enable_prefix_caching=False)
+    if gpu_memory_utilization: kw["gpu_memory_utilization"] = gpu_memory_utilization
     if backend: kw["attention_config"] = {"backend": backend}
     if mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8]}
@@ -219,7 +224,7 @@ def engine_kwargs(model: str, case: str, pool: int, max_model_len: int) -> dict:
 def serve_check(model: Path, a, env: dict, deadline: float) -> dict:
     "Start vllm serve with the processor, send one budgeted and one unbudgeted chat request, stop the server."
     port, log = _free_port(), Path(a.out) / "dynamo_checks_serve.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model)] + serve_args(port, a.pool_bytes)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model)] + serve_args(port, a.pool_bytes, a.gpu_memory_utilization)
     allowed = plain_word_ids(json.loads((model / "tokenizer.json").read_text()))
     res = {"command": " ".join(cmd[2:]), "log": log.name, "answers": {}, "problems": []}
     with open(log, "w") as f:
@@ -266,6 +271,9 @@ def parser():
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--pool-bytes", type=_size, default=2**30, help="kv_cache_memory_bytes of every engine (vLLM notation)")
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="every engine's gpu_memory_utilization: with the fixed pool, only the free memory vLLM demands at "
+                    "start-up (default: vLLM's own); lower it when other checks share the GPU")
     ap.add_argument("--cases", nargs="+", choices=tuple(CASES), default=list(CASES))
     ap.add_argument("--budget", type=int, default=8, help="the served request's reasoning budget")
     ap.add_argument("--skip-serve", action="store_true")
@@ -284,7 +292,7 @@ def main(argv=None) -> int:
     ap = parser()
     try: a = ap.parse_args(argv)
     except SystemExit as e: return int(e.code or 0)
-    if a.child: return child(a.child_model, a.child, a.tokens, a.pool_bytes, a.max_model_len, a.child_out)
+    if a.child: return child(a.child_model, a.child, a.tokens, a.pool_bytes, a.max_model_len, a.child_out, a.gpu_memory_utilization)
     if a.tokens < 1 or a.budget < 0 or a.budget + 8 > 2048: print("--tokens >= 1 and 0 <= --budget <= 2040", file=sys.stderr); return 2
     t0 = time.time(); deadline = t0 + a.deadline_s
     Path(a.out).mkdir(parents=True, exist_ok=True)

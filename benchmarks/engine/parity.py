@@ -70,12 +70,15 @@ def entry_point_shim(root: Path) -> Path:
 # ---- child: one vLLM engine ------------------------------------------------------------------------------------
 
 def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
-             moe_backend: str = "auto", gemv_probe: bool = False) -> dict:
-    "Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs."
+             moe_backend: str = "auto", gemv_probe: bool = False, gpu_memory_utilization: float = 0.3,
+             kv_cache_memory_bytes: int | None = None) -> dict:
+    """Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs.
+    A fixed `kv_cache_memory_bytes` skips vLLM's memory profiling, which other engines on the same GPU would upset."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=0,
-              max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.3, enable_prefix_caching=False)
+              max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False)
+    if kv_cache_memory_bytes: kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     if additional_config: kw["additional_config"] = additional_config
     if moe_backend != "auto": kw["moe_backend"] = moe_backend
     if gemv_probe: kw["hf_overrides"] = {"architectures": ["SolarOpen2GemvProbeForCausalLM"]}   # the plugin's test model (every dense shape through the GEMV kernels)
@@ -164,7 +167,8 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 
 def child_main(a) -> int:
-    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe)
+    res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe,
+                   a.gpu_memory_utilization, a.kv_cache_memory_bytes)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -241,6 +245,9 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=560, help="stop starting engines after this many seconds")
     ap.add_argument("--child-model"); ap.add_argument("--child-mode"); ap.add_argument("--child-out")
     ap.add_argument("--child-dtype", default="bfloat16")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's gpu_memory_utilization in every run")
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="a fixed KV pool in bytes for every run (skips "
+                    "vLLM's memory profiling, so several checks can share one GPU); default: from gpu_memory_utilization")
     ap.add_argument("--moe-backend", default="auto", help="vLLM's moe_backend in every run (auto: vLLM chooses, Marlin on Hopper)")
     ap.add_argument("--gemv-probe", action="store_true", help="run the plugin's test model SolarOpen2GemvProbeForCausalLM "
                     "(every unquantized linear shape, the router and the LM head through the GEMV kernels, on any GPU)")
@@ -293,6 +300,8 @@ def main(argv: list | None = None) -> int:
                                 "--child-out", str(outf), "--tokens", str(a.tokens)]
                                + (["--additional-config", a.additional_config] if a.additional_config else [])
                                + (["--gemv-probe"] if a.gemv_probe else [])
+                               + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
+                               + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
                                + ["--moe-backend", a.moe_backend], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:

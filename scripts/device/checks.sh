@@ -16,6 +16,10 @@
 #
 # Environment: SITE (default /root/site, where install-on-device.sh put vLLM), DEADLINE_S (each job's own deadline,
 # default 400). The Triton autotuning cache is kept between jobs on the same machine (TRITON_CACHE_AUTOTUNING=1).
+# TOGETHER=1 runs the jobs at the same time on the one GPU (device time is short; none of these jobs times anything):
+# the tiny-checkpoint engines then get a fixed 2 GiB KV pool (vLLM skips its memory profiling, which the other
+# processes' allocations would upset) and demand 8 % of the GPU free at start-up; the kv job's rank engines (71.6 GiB
+# of weights + a pool of at most 26 GiB) demand 74 %. The rank decode benchmarks (*-rank) time steps: never TOGETHER.
 set -uo pipefail
 SITE=${SITE:-/root/site}
 DEADLINE_S=${DEADLINE_S:-400}
@@ -23,6 +27,14 @@ OUT=${OUT:?set OUT (the device run sets it)}
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TRITON_CACHE_AUTOTUNING=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+
+TOGETHER=${TOGETHER:-0}
+TINY_MEM=(); KV_MEM=(); DYN_MEM=()
+if [ "$TOGETHER" = 1 ]; then
+  TINY_MEM=(--gpu-memory-utilization 0.08 --kv-cache-memory-bytes 2147483648); KV_MEM=(--gpu-memory-utilization 0.74)
+  DYN_MEM=(--gpu-memory-utilization 0.08)                              # its engines have a fixed pool already
+  for j in "$@"; do case $j in *-rank) echo "checks.sh: $j times decode steps; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
+fi
 
 job() {
   local name=$1; shift
@@ -35,18 +47,34 @@ job() {
   echo "== $name: exit $rc in $((SECONDS - t0)) s"
 }
 
-for j in "$@"; do
+run_one() {
+  local j=$1
   case $j in
     old-rank|old-parity|new-rank|new-parity)
       tree=.; [ "${j%%-*}" = old ] && tree=.stage/old
       job "$j" python3 -m benchmarks.engine.compare run --tree "$tree" --what "${j#*-}" --out "$OUT/compare-${j%%-*}" \
         --deadline-s "$DEADLINE_S" ;;
-    prefix) job "$j" python3 scripts/gpu_serving_checks.py prefix --modes eager graphs --tokens 32 --out "$OUT/$j" --deadline-s "$DEADLINE_S" ;;
-    kv) job "$j" python3 scripts/gpu_serving_checks.py kv --out "$OUT/$j" --deadline-s "$DEADLINE_S" ;;
-    dynamo) job "$j" python3 -m benchmarks.engine.dynamo_checks --out "$OUT/$j" --deadline-s "$DEADLINE_S" ;;
+    prefix) job "$j" python3 scripts/gpu_serving_checks.py prefix --modes eager graphs --tokens 32 --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
+              "${TINY_MEM[@]}" ;;
+    kv) job "$j" python3 scripts/gpu_serving_checks.py kv --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${KV_MEM[@]}" ;;
+    dynamo) job "$j" python3 -m benchmarks.engine.dynamo_checks --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
+              "${DYN_MEM[@]}" ;;
     parity) job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
               bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
-              --deadline-s "$DEADLINE_S" ;;
+              --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" ;;
+    *) echo "checks.sh: unknown job '$j' (old-rank old-parity new-rank new-parity prefix kv dynamo parity)" >&2; return 2 ;;
+  esac
+}
+
+for j in "$@"; do
+  case $j in old-rank|old-parity|new-rank|new-parity|prefix|kv|dynamo|parity) ;;
     *) echo "checks.sh: unknown job '$j' (old-rank old-parity new-rank new-parity prefix kv dynamo parity)" >&2; exit 2 ;;
   esac
 done
+if [ "$TOGETHER" = 1 ]; then
+  for j in "$@"; do run_one "$j" > "$OUT/$j.summary" 2>&1 & done
+  wait
+  for j in "$@"; do cat "$OUT/$j.summary"; done
+else
+  for j in "$@"; do run_one "$j"; done
+fi
