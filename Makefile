@@ -19,7 +19,7 @@ PYTEST  = $(PY) -u -m pytest --durations=15
 
 help:
 	@echo "make run        install into $(VENV) (first time only) and generate text with the built-in tiny checkpoint"
-	@echo "make test       every notebook and the test suite, without the slow checks (about 15 minutes on 2 cores)"
+	@echo "make test       every notebook and the test suite, without the slow checks (about 25 minutes on 2 cores)"
 	@echo "make test-slow  only the slow checks (tests marked slow, notebooks with '#| slow' cells, run whole)"
 	@echo "make test-all   both"
 	@echo "make docs       render the notebooks into the site in $(SITE)/ (open $(SITE)/index.html)"

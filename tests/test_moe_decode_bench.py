@@ -27,6 +27,7 @@ def test_the_script_checks_every_decode_by_default():
     from benchmarks.kernels import moe_decode as m
     assert inspect.signature(m.run).parameters["small_reads"].default == m.READS == ("bytes", "words", "half2")
 
+@pytest.mark.slow                                              # 161 s on 2 cores: CI runs it in its slow step
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks, per-kernel and joint timing, bytes, JSON) with small shapes, the interpreter, a fake timer."
     code = f"""
@@ -66,6 +67,7 @@ def test_check_ok_holds_each_decode_to_its_bound():
     assert not m.check_ok({"read": "half2", "rel_rms": 1.5e-3, "bf16_h_rel_rms": 1e-3})    # worse than a bf16 intermediate
     assert not m.check_ok({"read": "half2", "rel_rms": 3e-3, "bf16_h_rel_rms": 5e-3})      # over the absolute bound
 
+@pytest.mark.slow                                              # 28 s on 2 cores: CI runs it in its slow step
 def test_shared_expert_contention_rows_on_cpu(tmp_path, interpreted):
     "`--shared`: per gate/up tile the routed pair, the shared expert (timed once), serial and two streams, in that order."
     code = f"""

@@ -25,6 +25,7 @@ def test_the_script_runs_the_small_cases_by_default():
     from benchmarks.kernels import moe_router as m
     assert inspect.signature(m.run).parameters["small_checks"].default is True
 
+@pytest.mark.slow                                              # 91 s on 2 cores: CI runs it in its slow step
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
     "The whole script path (checks against the definition and vLLM's CPU path, timings, JSON) at small shapes, a fake timer."
     code = f"""
@@ -57,6 +58,7 @@ def test_gpu_kernel_matches_and_times(tmp_path):
     res = m.run(tokens=(1,), reps=20, out_paths=[tmp_path / "r.json"])
     assert res["checks_pass"] and res["counters_zero"] and res["best"]["1"]["kernel"]["us"] > 0
 
+@pytest.mark.slow                                              # 59 s on 2 cores: CI runs it in its slow step
 def test_pairs_option_on_cpu(tmp_path, interpreted):
     "--pairs: the pairs the kernel writes are checked against 08f's act_pairs_triton and timed as a row of their own."
     code = f"""
