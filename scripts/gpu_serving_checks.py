@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the free memory vLLM demands at start-up, so lower it when other checks share the GPU)")
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                     help="prefix: a fixed KV pool in bytes (skips vLLM's memory profiling, which other engines on the "
-                    "GPU upset); kv: ignored, each case names its pool")
+                    "GPU upset); not for kv, whose cases name their pools")
     ap.add_argument("--model-dir", help="kv: where the rank model's config.json goes (default: a fixed temp path)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results" / "incoming"))
     ap.add_argument("--name", default=None, help="JSON report name (default: gpu_serving_<job>)")
@@ -331,6 +331,7 @@ def main(argv: list | None = None) -> int:
     try:
         for c in a.cases or (): parse_kv_case(c)
     except ValueError as e: ap.error(str(e))
+    if a.job == "kv" and a.kv_cache_memory_bytes: ap.error("--kv-cache-memory-bytes: the kv cases name their own pools (--cases)")
     if a.job == "expect": return main_expect(a)
     import torch
     if not torch.cuda.is_available(): print("gpu_serving_checks: no CUDA device", file=sys.stderr); return 2

@@ -66,11 +66,7 @@ def pytest_addoption(parser):
                 help="say which test is still running after this many silent seconds (default: 30; 0: never)")
 
 
-_CONFIG = []
-
-
 def pytest_configure(config):
-    _CONFIG[:] = [config]
     if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None):
         # Under xdist (-n N) each worker gets one thread (and so does every process it starts): two workers that each
         # spin torch's two OpenMP threads on a 2-core machine made one notebook 12x slower than alone.
@@ -114,33 +110,29 @@ class Heartbeat:
         with self.lock: self.nodeid = None
 
     def add(self, nodeid):
-        "Under xdist: one more test running on some worker (several run at once; the line names them all)."
-        with self.lock:
-            self.running[nodeid] = time.time()
-            self.nodeid, self.start, self.last, self.detail = self._names(), min(self.running.values()), time.time(), ""
+        "Under xdist: a worker began `nodeid` (several run at once; the line names each with its own time)."
+        with self.lock: self.running[nodeid], self.nodeid, self.last = time.time(), None, time.time()
 
     def remove(self, nodeid):
-        with self.lock:
-            self.running.pop(nodeid, None)
-            if self.running: self.nodeid, self.start = self._names(), min(self.running.values())
-            else: self.nodeid = None
-            self.last = time.time()
+        with self.lock: self.running.pop(nodeid, None); self.last = time.time()
 
-    def _names(self) -> str:
-        return " + ".join(f"{n} ({time.time() - t:.0f} s)" for n, t in self.running.items())
+    def _label(self, now: float) -> tuple:
+        "(what is running, since when): the one test, or under xdist every test a worker runs."
+        if not self.running: return self.nodeid, self.start
+        return " + ".join(f"{n} ({now - t:.0f} s)" for n, t in self.running.items()), min(self.running.values())
 
     def _loop(self):
         while True:
             time.sleep(min(5.0, self.every / 3))
             with self.lock:
                 now = time.time()
-                if self.nodeid is None or now - self.last < self.every: continue
+                label, start = self._label(now)
+                if label is None or now - self.last < self.every: continue
                 self.last = now
                 # a newline first unless pytest's line is empty or still the one this thread left
                 line = getattr(self.tw, "_current_line", None)
                 fresh = line is not None and (line == "" or line is self.seen)
-                if self.running: self.nodeid = self._names()                      # xdist: each test's own time
-                msg = ("" if fresh else "\n") + f"    ... {self.nodeid}: still running, {now - self.start:.0f} s"
+                msg = ("" if fresh else "\n") + f"    ... {label}: still running, {now - start:.0f} s"
                 msg += f" ({self.detail})\n" if self.detail else "\n"
                 self.seen = line
             try: os.write(self.fd, msg.encode("utf-8", "replace"))
@@ -160,6 +152,7 @@ def pytest_sessionstart(session):
         with capman.global_and_fixture_disabled(): fd = os.dup(1)
     else: fd = os.dup(1)
     hb = session.config.stash[_HEARTBEAT] = Heartbeat(fd, every, getattr(tr, "_tw", None))
+    if session.config.pluginmanager.has_plugin("dsession"): _XDIST_HEARTBEAT[:] = [hb]   # xdist's controller: log hooks
     hb.begin("collecting tests")  # importing the test modules (torch, vLLM) takes a while too
 
 
@@ -177,22 +170,16 @@ def pytest_runtest_protocol(item, nextitem):
         if hb: hb.end()
 
 
-def _xdist_controller(config) -> bool:
-    "Whether this process hands the tests to pytest-xdist workers (`-n N`): then it hears of them through log hooks."
-    return config.pluginmanager.has_plugin("dsession")
+_XDIST_HEARTBEAT = []      # the controller's heartbeat under pytest-xdist (`-n N`); these hooks get no config
 
 
 def pytest_runtest_logstart(nodeid, location):
-    "Under xdist the controller learns here that a worker began a test: the heartbeat names the tests now running."
-    cfg = _CONFIG[0] if _CONFIG else None
-    hb = cfg.stash.get(_HEARTBEAT, None) if cfg is not None and _xdist_controller(cfg) else None
-    if hb: hb.add(nodeid)
+    "Under xdist the controller hears here that a worker began a test: the heartbeat names the tests now running."
+    for hb in _XDIST_HEARTBEAT: hb.add(nodeid)
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    cfg = _CONFIG[0] if _CONFIG else None
-    hb = cfg.stash.get(_HEARTBEAT, None) if cfg is not None and _xdist_controller(cfg) else None
-    if hb: hb.remove(nodeid)
+    for hb in _XDIST_HEARTBEAT: hb.remove(nodeid)
 
 
 @pytest.fixture

@@ -98,3 +98,44 @@ def test_shared_gpu_memory_option():
     s = C.serve_args(8000, 2**30, 0.08)
     assert s[s.index("--gpu-memory-utilization") + 1] == "0.08"
     assert C.parser().parse_args(["--gpu-memory-utilization", "0.08"]).gpu_memory_utilization == 0.08
+
+
+def _greedy_runs(n_new: int = 3, shift: float = 0.0) -> list:
+    "Child-style runs of the fp32 reference itself on the tiny checkpoint: greedy tokens and their top-5, `shift` added."
+    import torch
+    from solar_open2.checkpoint import tiny_checkpoint
+    from solar_open2.model import SolarOpen2ForCausalLM
+    m = SolarOpen2ForCausalLM.from_pretrained(tiny_checkpoint(), dtype=torch.float32, device="cpu", cache_experts=True)
+    runs = []
+    with torch.no_grad():
+        for p in C.prompts():
+            ids, topk = list(p), []
+            for _ in range(n_new):
+                lp = torch.log_softmax(m(torch.tensor([ids]))[0][0, -1].float(), -1)     # [V]
+                v, i = lp.topk(5)
+                topk.append({str(int(j)): float(x) + shift for j, x in zip(i, v)}); ids.append(int(i[0]))
+            runs.append({"tokens": ids[len(p):], "topk": topk})
+    return runs
+
+
+def test_rejudge_recomputes_parity_from_the_saved_runs(tmp_path):
+    "--rejudge: the child outputs beside a report are compared again with the fp32 reference (CPU here) and re-judged."
+    pool = {"logged": ["a", "b"], "predicted": ["a", "b"]}
+    good, off = _greedy_runs(), _greedy_runs(shift=0.01)
+    run = tmp_path / "run"; run.mkdir()
+    for name, runs in (("bf16kv_eager", good), ("fp8_flashinfer_eager", off)):
+        (run / f"{name}.child.json").write_text(json.dumps({"runs": runs}))
+    (run / "dynamo_checks.json").write_text(json.dumps({"command": "x", "cases": {n: {"pool": pool} for n in ("bf16kv_eager", "fp8_flashinfer_eager")},
+                                                         "serve": {"problems": []}}))
+    assert C.main(["--rejudge", str(run / "dynamo_checks.json"), "--out", str(tmp_path / "a")]) == 0
+    res = json.loads((tmp_path / "a" / "dynamo_checks.json").read_text())
+    fp8 = res["cases"]["fp8_flashinfer_eager"]["parity"]
+    assert res["pass"] and fp8["mismatches"] == 0 and abs(fp8["chosen_max_abs_dlogprob"] - 0.01) < 1e-3
+    assert res["cases"]["bf16kv_eager"]["parity"]["chosen_max_abs_dlogprob"] < 1e-4
+    bad = [dict(r) for r in off]
+    bad[0] = {"tokens": [int(next(iter(bad[0]["topk"][0]))) + 1] + bad[0]["tokens"][1:], "topk": bad[0]["topk"]}
+    bad[0]["topk"] = [{**bad[0]["topk"][0], str(bad[0]["tokens"][0]): -30.0}] + bad[0]["topk"][1:]
+    (run / "fp8_flashinfer_eager.child.json").write_text(json.dumps({"runs": bad}))
+    assert C.main(["--rejudge", str(run / "dynamo_checks.json"), "--out", str(tmp_path / "b")]) == 1
+    res = json.loads((tmp_path / "b" / "dynamo_checks.json").read_text())
+    assert any("tokens are not the reference's argmax" in p for p in res["problems"]), res["problems"]

@@ -102,6 +102,9 @@ def test_memory_flags_reach_the_engines():
     a = ap.parse_args(["prefix", "--gpu-memory-utilization", "0.08", "--kv-cache-memory-bytes", "2147483648"])
     assert g._memory_flags(a) == ["--gpu-memory-utilization", "0.08", "--kv-cache-memory-bytes", "2147483648"]
     assert g._memory_flags(ap.parse_args(["kv", "--gpu-memory-utilization", "0.74"])) == ["--gpu-memory-utilization", "0.74"]
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_serving_checks.py"), "kv", "--kv-cache-memory-bytes", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "the kv cases name their own pools" in r.stderr
 
 
 def test_checks_script_refuses_timed_jobs_together_and_unknown_jobs(tmp_path):

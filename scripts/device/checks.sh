@@ -62,14 +62,12 @@ run_one() {
     parity) job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
               bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" ;;
-    *) echo "checks.sh: unknown job '$j' (old-rank old-parity new-rank new-parity prefix kv dynamo parity)" >&2; return 2 ;;
   esac
 }
 
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity "
 for j in "$@"; do
-  case $j in old-rank|old-parity|new-rank|new-parity|prefix|kv|dynamo|parity) ;;
-    *) echo "checks.sh: unknown job '$j' (old-rank old-parity new-rank new-parity prefix kv dynamo parity)" >&2; exit 2 ;;
-  esac
+  [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done
 if [ "$TOGETHER" = 1 ]; then
   for j in "$@"; do run_one "$j" > "$OUT/$j.summary" 2>&1 & done
