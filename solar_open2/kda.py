@@ -15,8 +15,8 @@ from .config import SolarOpen2Config, LINEAR
 
 # %% auto #0
 __all__ = ['CHUNK_SIZE', 'l2norm', 'kda_recurrent', 'random_kda_inputs', 'rel_rms', 'kda_beta', 'kda_gate', 'kda_chunked',
-           'short_conv', 'GatedRMSNorm', 'KDAState', 'KDALayer', 'kda_layer_stats', 'kda_layer_report',
-           'format_kda_report']
+           'kda_chunked_autograd', 'short_conv', 'GatedRMSNorm', 'KDAState', 'KDALayer', 'kda_layer_stats',
+           'kda_layer_report', 'format_kda_report']
 
 # %% ../nbs/02_kda.ipynb #085ba94d
 def l2norm(x:torch.Tensor, # [..., d]
@@ -169,9 +169,9 @@ def kda_chunked(q:torch.Tensor, # [B, T, H, K] queries
     if chunk_size < 1 or chunk_size & (chunk_size - 1): raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
     B, T, H, K, V = _check_core(q, k, v, g, beta, initial_state)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
-        # the chunked form writes into preallocated buffers, which autograd cannot record: the loop, differentiably
-        return kda_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state,
-                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        # the chunked form writes into preallocated buffers, which autograd cannot record: its plain-op twin
+        return kda_chunked_autograd(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     out_dtype = v.dtype
     scale = K ** -0.5 if scale is None else scale       # o is linear in q: the scale is applied to o
     if use_qk_l2norm_in_kernel: q, k = l2norm(q), l2norm(k)
@@ -220,6 +220,44 @@ def kda_chunked(q:torch.Tensor, # [B, T, H, K] queries
             S.mul_(dj).baddbmm_(KendTj, D)                                       # S ← e^{Γ_C} ⊙ S + Kendᵀ Δ
     out = out[:, :T] if N * C > T else out
     return out.to(out_dtype).contiguous(), (S.view(B, H, K, V) if output_final_state else None)
+
+# %% ../nbs/02_kda.ipynb #5e1f0301
+def kda_chunked_autograd(q:torch.Tensor, # [B, T, H, K] queries
+                         k:torch.Tensor, # [B, T, H, K] keys
+                         v:torch.Tensor, # [B, T, H, V] values
+                         g:torch.Tensor, # [B, T, H, K] natural-log decay per key channel (<= 0), already activated
+                         beta:torch.Tensor, # [B, T, H] write strength
+                         scale:float|None=None, # query scale, default K**-0.5
+                         initial_state:torch.Tensor|None=None, # [B, H, K, V]
+                         output_final_state:bool=False, # also return the final state
+                         *, chunk_size:int=32, # tokens per chunk: memory grows as B·H·T·chunk_size·K
+                         use_qk_l2norm_in_kernel:bool=False, # L2-normalise q and k first
+                        )->tuple: # (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 or None)
+    "The chunked form in plain differentiable ops (for training): every pairwise decay exp(Γ_t − Γ_s), s <= t, materialised."
+    B, T, H, K, V = _check_core(q, k, v, g, beta, initial_state)
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prep_core(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel)   # fp32, q scaled
+    C = chunk_size; N = -(-T // C); pad = N * C - T                   # padded steps (all zero) change nothing
+    if pad: q, k, v, g, beta = (F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, g, beta))
+    q, k, v, g = (x.unflatten(1, (N, C)).permute(0, 3, 1, 2, 4) for x in (q, k, v, g))   # [B, H, N, C, K|V]
+    beta = beta.unflatten(1, (N, C)).permute(0, 3, 1, 2)                                 # [B, H, N, C]
+    G = g.cumsum(-2)                                                  # Γ_t, inclusive, from the chunk's start [B, H, N, C, K]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()                  # [t, s]: s <= t
+    E = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()  # [B, H, N, C, C, K] <= 1
+    Akk = torch.einsum("bhntk,bhnsk,bhntsk->bhnts", k, k, E).tril(-1)   # Σ_c k_t k_s e^{Γ_t−Γ_s}, s < t [B, H, N, C, C]
+    Aqk = torch.einsum("bhntk,bhnsk,bhntsk->bhnts", q, k, E)            # the same with q_t, s <= t
+    A = torch.eye(C, dtype=q.dtype, device=q.device) + beta[..., :, None] * Akk          # I + Diag(β) A^kk, unit lower
+    Kt, Qt = k * G.exp(), q * G.exp()                                 # K̃, Q̃: decayed from the chunk's start [B, H, N, C, K]
+    Kend = k * (G[..., -1:, :] - G).exp()                             # keys decayed to the chunk's end [B, H, N, C, K]
+    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)   # [B, H, K, V]
+    outs = []
+    for n in range(N):                                                # the state, one chunk at a time
+        Dn = torch.linalg.solve_triangular(A[:, :, n], beta[:, :, n, :, None] * (v[:, :, n] - Kt[:, :, n] @ S),
+                                           upper=False, unitriangular=True)   # Δ = A⁻¹ Diag(β)(V − K̃ S₀) [B, H, C, V]
+        outs.append(Qt[:, :, n] @ S + Aqk[:, :, n] @ Dn)              # O = Q̃ S₀ + A^qk Δ [B, H, C, V]
+        S = S * G[:, :, n, -1, :, None].exp() + Kend[:, :, n].mT @ Dn  # S ← e^{Γ_C} ⊙ S + Kendᵀ Δ
+    o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]      # [B, H, N, C, V] -> [B, T, H, V]
+    return o.to(out_dtype), (S if output_final_state else None)
 
 # %% ../nbs/02_kda.ipynb #2b0b605b
 def _varlen(fn, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, **kw):

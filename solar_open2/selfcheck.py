@@ -5,6 +5,7 @@
 # %% ../nbs/13_selfcheck.ipynb #5e1f0003
 from __future__ import annotations
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,15 @@ def _ref_o_norm(x, g, w, eps):
 # %% ../nbs/13_selfcheck.ipynb #5e1f0007
 FP32_TOL, BF16_TOL = 1e-5, 1e-2
 
+@contextmanager
+def _plain_defaults():
+    "CPU and float32 as torch's defaults for a while: an engine builds its model under its own (vLLM: the GPU, bf16)."
+    dt = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.device("cpu"): yield
+    finally: torch.set_default_dtype(dt)
+
 def engine_selfcheck(cfg:SolarOpen2Config|None=None, # the model's config (default: the real model's)
                      kda_beta_fn=None, # engine's beta: (b [T, H]) -> [T, H] fp32
                      kda_gate_fn=None, # engine's decay: (f [T, H*D], A_log [H], dt_bias [H*D]) -> [T, H, D] fp32
@@ -51,33 +61,34 @@ def engine_selfcheck(cfg:SolarOpen2Config|None=None, # the model's config (defau
                      tokens:int=4, heads:int=2, seed:int=0)->list: # one `Check` per callable given
     "Compare the engine's implementations of Solar-Open2's numeric traps with the reference on random data."
     cfg = cfg or SolarOpen2Config.real()
-    g = torch.Generator().manual_seed(seed)
     T, H, D, Hq, d = tokens, min(heads, cfg.kda_num_heads), cfg.kda_head_dim, min(heads, cfg.num_attention_heads), cfg.head_dim
-    r = lambda *s, scale=1.0: scale * torch.randn(*s, generator=g)
-    u = lambda lo, hi, *s: lo + (hi - lo) * torch.rand(*s, generator=g)
-    dev = lambda x: x.to(device)
+    cases = []                                     # (name, engine fn, reference output, inputs, tolerance, what it guards)
+    with _plain_defaults():                        # inputs and references on the CPU in fp32, whatever the caller's defaults
+        g = torch.Generator().manual_seed(seed)
+        r = lambda *s, scale=1.0: scale * torch.randn(*s, generator=g)
+        u = lambda lo, hi, *s: lo + (hi - lo) * torch.rand(*s, generator=g)
+        if kda_beta_fn is not None:
+            b = r(T, H, scale=2.0).to(torch.bfloat16)
+            cases.append(("kda_beta", kda_beta_fn, kda_beta(b, cfg.kda_allow_neg_eigval), (b,), FP32_TOL,
+                          "KDA beta = 2*sigmoid(b) in fp32" if cfg.kda_allow_neg_eigval else "KDA beta = sigmoid(b) in fp32"))
+        if kda_gate_fn is not None:
+            f_, A_log = r(T, H * D).to(torch.bfloat16), torch.log(u(1.0, 16.0, H))
+            dt = torch.exp(u(math.log(1e-3), math.log(1e-1), H * D)); dt_bias = dt + torch.log(-torch.expm1(-dt))
+            cases.append(("kda_gate", kda_gate_fn, kda_gate(f_, A_log, dt_bias), (f_, A_log, dt_bias), FP32_TOL,
+                          "KDA decay g = -exp(A_log) * softplus(f + dt_bias) in fp32"))
+        if o_norm_fn is not None:
+            x, gt, w = r(T, H, D).to(torch.bfloat16), r(T, H, D, scale=2.0).to(torch.bfloat16), (1 + 0.1 * r(D)).to(torch.bfloat16)
+            cases.append(("kda_o_norm", o_norm_fn, _ref_o_norm(x, gt, w, cfg.rms_norm_eps), (x, gt, w, cfg.rms_norm_eps),
+                          BF16_TOL, "KDA output norm = RMSNorm(x) * weight * sigmoid(gate) (sigmoid, not swish)"))
+        if gqa_gate_fn is not None:
+            o, gg = r(T, Hq * d).to(torch.bfloat16), r(T, Hq * d, scale=2.0).to(torch.bfloat16)
+            cases.append(("gqa_gate", gqa_gate_fn, _ref_gqa_gate(o, gg), (o, gg), BF16_TOL,
+                          "attention output = attn * sigmoid(g_proj(x)), sigmoid in fp32"))
     out = []
-    def run(name, fn, ref, args, tol, what):
-        try: got = fn(*[dev(a) if isinstance(a, torch.Tensor) else a for a in args])
-        except Exception as e: out.append(Check(name, math.inf, tol, f"{what} (raised {type(e).__name__}: {e})")); return
+    for name, fn, ref, args, tol, what in cases:   # the engine's functions under the caller's defaults, on its device
+        try: got = fn(*[a.to(device) if isinstance(a, torch.Tensor) else a for a in args])
+        except Exception as e: out.append(Check(name, math.inf, tol, f"{what} (raised {type(e).__name__}: {e})")); continue
         out.append(Check(name, _rel(got, ref), tol, what))
-    if kda_beta_fn is not None:
-        b = r(T, H, scale=2.0).to(torch.bfloat16)
-        run("kda_beta", kda_beta_fn, kda_beta(b, cfg.kda_allow_neg_eigval), (b,), FP32_TOL,
-            "KDA beta = 2*sigmoid(b) in fp32" if cfg.kda_allow_neg_eigval else "KDA beta = sigmoid(b) in fp32")
-    if kda_gate_fn is not None:
-        f_, A_log = r(T, H * D).to(torch.bfloat16), torch.log(u(1.0, 16.0, H))
-        dt = torch.exp(u(math.log(1e-3), math.log(1e-1), H * D)); dt_bias = dt + torch.log(-torch.expm1(-dt))
-        run("kda_gate", kda_gate_fn, kda_gate(f_, A_log, dt_bias), (f_, A_log, dt_bias), FP32_TOL,
-            "KDA decay g = -exp(A_log) * softplus(f + dt_bias) in fp32")
-    if o_norm_fn is not None:
-        x, gt, w = r(T, H, D).to(torch.bfloat16), r(T, H, D, scale=2.0).to(torch.bfloat16), (1 + 0.1 * r(D)).to(torch.bfloat16)
-        run("kda_o_norm", o_norm_fn, _ref_o_norm(x, gt, w, cfg.rms_norm_eps), (x, gt, w, cfg.rms_norm_eps), BF16_TOL,
-            "KDA output norm = RMSNorm(x) * weight * sigmoid(gate) (sigmoid, not swish)")
-    if gqa_gate_fn is not None:
-        o, gg = r(T, Hq * d).to(torch.bfloat16), r(T, Hq * d, scale=2.0).to(torch.bfloat16)
-        run("gqa_gate", gqa_gate_fn, _ref_gqa_gate(o, gg), (o, gg), BF16_TOL,
-            "attention output = attn * sigmoid(g_proj(x)), sigmoid in fp32")
     return out
 
 class EngineSelfCheckError(RuntimeError):

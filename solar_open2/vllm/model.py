@@ -4,6 +4,7 @@
 
 # %% ../../nbs/08_vllm/07_model.ipynb #ecc1698d
 from __future__ import annotations
+import copy
 import re
 from collections.abc import Iterable
 
@@ -27,6 +28,8 @@ from vllm.model_executor.models.utils import extract_layer_index, make_layers, m
 from vllm.sequence import IntermediateTensors
 
 from ..config import SolarOpen2Config, LINEAR
+from ..selfcheck import require_engine_ok
+from . import kda as _kda
 from .config import refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, apply_kda, kda_fused_target, kda_state_copy_func, kda_state_dtype,
                                   kda_state_shape, load_kda_tensor)
@@ -40,7 +43,7 @@ logger = init_logger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'SolarOpen2Attention', 'SolarOpen2DecoderLayer', 'SolarOpen2Model', 'model_options', 'apply',
-           'SolarOpen2ForCausalLM', 'WeightLoadError']
+           'engine_checks', 'engine_start_check', 'SolarOpen2ForCausalLM', 'WeightLoadError']
 
 # %% ../../nbs/08_vllm/07_model.ipynb #4076a839
 class SolarOpen2Attention(nn.Module):
@@ -69,8 +72,11 @@ class SolarOpen2Attention(nn.Module):
         qkv, g = pair_apply(self, hidden_states, "qkv_proj", "g_proj")        # [T, (Hq+2·Hkv)*D], [T, Hq*D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
         o = self.attn(q, k, v)                                                # [T, Hq*D]
-        gate = torch.sigmoid(g.float()).to(o.dtype)                           # [T, Hq*D]
-        return self.o_proj(o * gate)[0]
+        return self.o_proj(self.output_gate(o, g))[0]
+
+    def output_gate(self, o:torch.Tensor, g:torch.Tensor)->torch.Tensor: # [T, Hq*D] each -> [T, Hq*D]
+        "`o ⊙ sigmoid(g)`, the sigmoid in fp32 (what the engine-start self-check tests)."
+        return o * torch.sigmoid(g.float()).to(o.dtype)
 
 # %% ../../nbs/08_vllm/07_model.ipynb #7972cb8f
 class SolarOpen2DecoderLayer(nn.Module):
@@ -157,6 +163,32 @@ def _summary(opts:Options, done:dict)->str:
             f"{done['kda_gate_kernel']}/{done['kda_layers']}, the decode kernel {done['kda_decode_kernel']}/{done['kda_layers']} "
             f"(gates mode {done['kda_decode_gates']}); MoE layers on our experts {done['moe_kernels']}/{done['moe_layers']}")
 
+# %% ../../nbs/08_vllm/07_model.ipynb #5e1f0102
+def engine_checks(model:nn.Module)->dict:
+    "The callables `selfcheck.engine_selfcheck` compares with the reference: those of `model`'s first KDA and attention layers."
+    kda = next((m for m in model.modules() if isinstance(m, SolarOpen2KDA)), None)
+    att = next((m for m in model.modules() if isinstance(m, SolarOpen2Attention)), None)
+    fns = {}
+    if kda is not None:
+        def o_norm(x, g, w, eps):                                               # x, g: [T, H, D]; w: [D]
+            n = copy.deepcopy(kda.o_norm)                                       # the layer's norm: its class, activation, device
+            n.weight.data = w.to(n.weight.device, n.weight.dtype)
+            n.eps = eps
+            return n(x, g)
+        fns.update(kda_beta_fn=lambda b: _kda.kda_beta(b, kda.allow_neg_eigval),
+                   kda_gate_fn=lambda f, A_log, dt: kda.kernels.gate(f, A_log, kda.head_dim, g_bias=dt),
+                   o_norm_fn=o_norm)
+    if att is not None: fns["gqa_gate_fn"] = att.output_gate
+    return fns
+
+def engine_start_check(model:nn.Module)->list:
+    "Run the self-check on `model`'s device (one info line); raise `EngineSelfCheckError` naming each failed check."
+    p = next(model.parameters(), None)
+    if p is None or p.device.type == "meta": return []
+    res = require_engine_ok(model.solar, device=p.device, **engine_checks(model))
+    logger.info("solar_open2: engine-start self-check passed on %s (%s)", p.device, ", ".join(c.name for c in res))
+    return res
+
 # %% ../../nbs/08_vllm/07_model.ipynb #9e9d7267
 class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
     "Solar-Open2 for vLLM 0.25.1: hybrid KDA / gated-GQA decoder with a sigmoid-routed MoE in every layer."
@@ -183,6 +215,7 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         self.logits_processor = LogitsProcessor(config.vocab_size)
         self.applied = apply(self, self.opts)                                 # every layer's kernels, in one place
         logger.info(_summary(self.opts, self.applied))
+        self.selfcheck = engine_start_check(self)                             # refuses to serve on a wrong trap
 
     def gemv_tables(self)->GemvTables:
         "The GEMV tables this model's linear layers read: the measured ones (a test model may give others)."
