@@ -58,6 +58,7 @@ setup(
     python_requires=f">={c['min_python']}",
     packages=find_packages(include=[c["lib_path"], c["lib_path"] + ".*"]),
     include_package_data=True,
+    package_data={"solar_open2": ["data/*.safetensors", "data/*.json"]},   # the trained tiny weights and their record
     install_requires=requirements,
     extras_require=extras,
     entry_points={

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_checkpoint.ipynb #8179d730
 from __future__ import annotations
-import fnmatch, functools, hashlib, json, math, os, re, shutil, stat, struct, time, zlib
+import fnmatch, functools, hashlib, json, math, os, re, shutil, stat, struct, time, warnings, zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -16,13 +16,14 @@ from . import nvfp4, chat
 
 # %% auto #0
 __all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'MAX_JSON_BYTES', 'PARTIAL_SUFFIXES', 'EXPERT_FORMS',
-           'TINY_VERSION', 'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_SPECIAL_TOKENS',
-           'TINY_CORPUS', 'CACHE_ENV', 'FLOAT_DTYPES', 'SAMPLE_BYTES', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT',
-           'CheckpointError', 'TensorInfo', 'open_regular', 'read_json', 'read_header', 'nvfp4_layout',
-           'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems',
-           'CheckpointScan', 'tree_file', 'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes',
-           'tiny_weights', 'tiny_tokenizer', 'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint',
-           'scan_values', 'preflight', 'content_manifest', 'manifest_problems', 'cli_preflight', 'real_checkpoint']
+           'TINY_VERSION', 'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_WEIGHTS',
+           'TINY_TRAINED_FILE', 'TINY_TRAINED_SHA256', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS', 'CACHE_ENV',
+           'FLOAT_DTYPES', 'SAMPLE_BYTES', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo',
+           'open_regular', 'read_json', 'read_header', 'nvfp4_layout', 'checkpoint_specs', 'check_tensors',
+           'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems', 'CheckpointScan', 'tree_file',
+           'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes', 'tiny_weights', 'tiny_tokenizer',
+           'trained_tensors_from', 'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'scan_values',
+           'preflight', 'content_manifest', 'manifest_problems', 'cli_preflight', 'real_checkpoint']
 
 # %% ../nbs/05_checkpoint.ipynb #6db45b75
 INDEX_NAME = "model.safetensors.index.json"
@@ -168,7 +169,9 @@ def checkpoint_specs(cfg:SolarOpen2Config, # the model's config
     return out
 
 # %% ../nbs/05_checkpoint.ipynb #9eed0f7f
-_LOOSE_DTYPE = ("_conv1d.weight", ".A_log", ".dt_bias", ".mlp.gate.weight")
+_LOOSE_DTYPE = ("_conv1d.weight", ".A_log", ".dt_bias", ".mlp.gate.weight", ".e_score_correction_bias")
+_WARN_DTYPE = {".e_score_correction_bias": "the router adds it to the scores in float32, but its values keep bfloat16's 8-bit "
+                                           "precision, so near-tied expert choices may differ from a float32 export"}
 
 def _accepted(s:TensorSpec)->tuple:
     "`(dtypes, shapes)` accepted on disk for spec `s`."
@@ -193,6 +196,9 @@ def check_tensors(found:dict, # {name: TensorInfo} read from the shards
             continue
         dts, shapes = _accepted(s)
         if t.dtype not in dts: problems.append(f"{name} in {t.shard}: dtype {t.dtype}, expected {' or '.join(dts)}")
+        elif t.dtype != s.dtype and name.endswith(tuple(_WARN_DTYPE)):
+            warnings.warn(f"{name} in {t.shard}: {t.dtype} on disk, {s.dtype} expected; accepted: "
+                          f"{next(v for k, v in _WARN_DTYPE.items() if name.endswith(k))}", stacklevel=2)
         if tuple(t.shape) not in shapes:
             problems.append(f"{name} in {t.shard}: shape {list(t.shape)}, expected {' or '.join(str(list(x)) for x in shapes)}")
     for name, t in found.items():
@@ -215,6 +221,13 @@ def _ignore_matcher(ignore:list):
     pats += [re.compile(fnmatch.translate(x)) for x in ignore if isinstance(x, str) and not x.startswith("re:") and any(c in x for c in "*?[")]
     return lambda name: name in exact or any(p.match(name) for p in pats)
 
+def _target_matcher(targets:list)->callable:
+    "compressed-tensors' `targets`: `re:` patterns (`re.match`), exact module names, or class names (every layer checked here is a `Linear`)."
+    pats = [re.compile(x[3:]) for x in targets if isinstance(x, str) and x.startswith("re:")]
+    exact = {x for x in targets if isinstance(x, str) and not x.startswith("re:")}
+    linear = any(x in ("Linear", "torch.nn.Linear", "nn.Linear") or x.endswith("Linear") for x in exact)
+    return lambda name: linear or name in exact or any(p.match(name) for p in pats)
+
 def _load_quant_config(path:Path, cfg:SolarOpen2Config|None)->dict|None:
     "The quantization block: `config.json`'s `quantization_config`, else a ModelOpt `hf_quant_config.json` mapped onto it."
     if cfg is not None and cfg.quantization_config is not None: return cfg.quantization_config
@@ -235,7 +248,7 @@ def quantization_problems(qcfg:dict|None, # the quantization block (or None)
     if convention is None: return [f"config.json declares quantization_config (quant_method {method!r}) but no tensor is NVFP4"]
     want = {"compressed-tensors": "compressed-tensors", "modelopt": "modelopt"}[convention]
     if method != want: return [f"quantization_config.quant_method is {method!r} but the keys are {convention} NVFP4 (expected {want!r})"]
-    p = []
+    p, targeted = [], (lambda m: True)                          # ModelOpt: everything not excluded
     if convention == "compressed-tensors":
         if qcfg.get("format") not in ("nvfp4-pack-quantized", None):
             p.append(f"quantization_config.format is {qcfg.get('format')!r}, expected 'nvfp4-pack-quantized'")
@@ -245,15 +258,19 @@ def quantization_problems(qcfg:dict|None, # the quantization block (or None)
             w = (g or {}).get("weights") or {}
             if (w.get("num_bits"), w.get("type"), w.get("group_size")) != (4, "float", 16):
                 p.append(f"quantization_config.config_groups.{gname}.weights is not NVFP4 (num_bits 4, type float, group_size 16): {w}")
+        ms = [_target_matcher((g or {}).get("targets") or ["Linear"]) for g in groups.values()]   # llm-compressor's default: Linear
+        targeted = lambda m: any(f(m) for f in ms)
     else:
         if str(qcfg.get("quant_algo", "")).upper() != "NVFP4": p.append(f"quantization_config.quant_algo is {qcfg.get('quant_algo')!r}, expected 'NVFP4'")
         if qcfg.get("group_size", 16) != 16: p.append(f"quantization_config.group_size is {qcfg.get('group_size')}, expected 16")
     ignore = qcfg.get("ignore", qcfg.get("exclude_modules"))
     if ignore is None: return p + ["quantization_config has no ignore list: vLLM would quantize every BF16 linear layer"]
     ignored = _ignore_matcher(ignore)
-    p += [f"{m} is BF16 in the checkpoint but not in quantization_config.ignore: vLLM would build it as NVFP4"
-          for m in bf16_linear_modules(cfg) if not ignored(m)]
-    p += [f"{m} is NVFP4 in the checkpoint but matched by quantization_config.ignore" for m in routed_expert_modules(cfg) if ignored(m)]
+    quantized = lambda m: targeted(m) and not ignored(m)         # compressed-tensors' rule: targeted and not ignored
+    p += [f"{m} is BF16 in the checkpoint but quantization_config targets it and does not ignore it: vLLM would build it as NVFP4"
+          for m in bf16_linear_modules(cfg) if quantized(m)]
+    p += [f"{m} is NVFP4 in the checkpoint but quantization_config does not target it (or ignores it)"
+          for m in routed_expert_modules(cfg) if not quantized(m)]
     return p
 
 # %% ../nbs/05_checkpoint.ipynb #3772738b
@@ -528,6 +545,10 @@ TINY_FORMATS = ("compressed-tensors", "modelopt", "bf16")
 TINY_INPUT_AMAX = 16.0  # static activation range given to nvfp4.quantize for every routed expert
 TINY_SHARDS = 4
 TINY_SUCCESSOR = 3.0    # weight of the successor map embed_tokens[pi] in lm_head (table above)
+TINY_WEIGHTS = ("random", "trained")   # the seeded initial weights, or those chapter `train` trained from them
+# the trained weights: the compressed-tensors tensors of the tiny checkpoint, written by `train.save_trained`
+TINY_TRAINED_FILE = Path(nvfp4.__file__).parent/"data"/"tiny_trained.safetensors"   # in the package
+TINY_TRAINED_SHA256 = "41a501d26d6c6ebb051a17f5ee438a62cdc6817a9c32abc45d1dfeed929158ff"
 
 def _init_tensor(s:TensorSpec, g:torch.Generator, cfg:SolarOpen2Config)->torch.Tensor:
     "One fp32 tensor of the tiny checkpoint (table above)."
@@ -637,14 +658,39 @@ def _tiny_quantized(seed:int)->dict:
     return {n: (_tiny_nvfp4(w, n) if ".mlp.experts." in n else w)
             for n, w in tiny_weights(seed, cfg).items()}
 
-def _tiny_tensors(fmt:str, seed:int)->dict:
-    "`{name: tensor}` of the tiny checkpoint in format `fmt`, in checkpoint order."
+def _format_tensors(quantized:dict, fmt:str)->dict:
+    "`{name: tensor}` in format `fmt` from tensors whose routed experts are `NVFP4Weight`s (dequantised for bf16)."
     out = {}
-    for n, w in _tiny_quantized(seed).items():
+    for n, w in quantized.items():
         if not isinstance(w, nvfp4.NVFP4Weight): out[n] = w
         elif fmt == "bf16": out[n] = w.dequantize(torch.bfloat16)
         else: out.update({f"{n.removesuffix('.weight')}.{suf}": t.contiguous() for suf, t in nvfp4.to_checkpoint(w, fmt).items()})
     return out
+
+def _tiny_tensors(fmt:str, seed:int)->dict:
+    "`{name: tensor}` of the (random) tiny checkpoint in format `fmt`, in checkpoint order."
+    return _format_tensors(_tiny_quantized(seed), fmt)
+
+def trained_tensors_from(sd:dict, fmt:str="compressed-tensors")->dict:
+    "A trained state dict in the tiny checkpoint's dtypes -> its tensors in `fmt`, the experts quantized as `_tiny_nvfp4` does."
+    return _format_tensors({n: (_tiny_nvfp4(w, n) if ".mlp.experts." in n else w) for n, w in sd.items()}, fmt)
+
+def _trained_tensors(fmt:str)->dict:
+    "`{name: tensor}` of the trained tiny checkpoint in format `fmt`, from `TINY_TRAINED_FILE` (its sha256 checked)."
+    from safetensors.torch import load_file
+    f = TINY_TRAINED_FILE
+    if not f.is_file(): raise FileNotFoundError(f"{f}: the trained tiny weights are missing (a damaged install?)")
+    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    if sha != TINY_TRAINED_SHA256:
+        raise ValueError(f"{f}: sha256 {sha} is not the recorded {TINY_TRAINED_SHA256}; refusing to build the tiny checkpoint from it")
+    ct, cfg = load_file(str(f)), SolarOpen2Config.tiny()
+    q, sfx = {}, nvfp4.SUFFIXES["compressed-tensors"]
+    for s in tensor_specs(cfg):                                                   # checkpoint order
+        if ".mlp.experts." in s.name:
+            base = s.name.removesuffix(".weight")
+            q[s.name] = nvfp4.from_checkpoint({k: ct[f"{base}.{k}"] for k in sfx if f"{base}.{k}" in ct}, "compressed-tensors", base)
+        else: q[s.name] = ct[s.name]
+    return _format_tensors(q, fmt)
 
 def _shard(tensors:dict, n:int)->list:
     "Cut the ordered tensors into `n` groups of about equal bytes (never splitting a tensor)."
@@ -674,16 +720,18 @@ def _umask()->int:
 
 def make_tiny(path, # directory to create (absent or empty)
               format:str="compressed-tensors", # "compressed-tensors" (Nota's), "modelopt", or "bf16" (dequantised experts)
-              seed:int=0, # weight seed
+              seed:int=0, # weight seed (random weights)
+              weights:str="random", # "random": seeded initial weights; "trained": chapter `train`'s (`TINY_TRAINED_FILE`)
              )->Path: # the checkpoint directory
     "Write the deterministic tiny checkpoint (tiny config, Nota's layout) into a new directory."
     from safetensors.torch import save_file
     if format not in TINY_FORMATS: raise ValueError(f"format must be one of {TINY_FORMATS}, got {format!r}")
+    if weights not in TINY_WEIGHTS: raise ValueError(f"weights must be one of {TINY_WEIGHTS}, got {weights!r}")
     p = Path(path)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         raise FileExistsError(f"{p}: exists and is not an empty directory; refusing to write a checkpoint into it")
     cfg = SolarOpen2Config.tiny()
-    tensors = _tiny_tensors(format, seed)
+    tensors = _tiny_tensors(format, seed) if weights == "random" else _trained_tensors(format)
     if format != "bf16": cfg.quantization_config = nvfp4.quantization_config(format, bf16_linear_modules(cfg))
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.parent/f".{p.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
@@ -702,7 +750,8 @@ def make_tiny(path, # directory to create (absent or empty)
         (tmp/"generation_config.json").write_text(json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_ids,
                                                               "pad_token_id": cfg.pad_token_id}, indent=2) + "\n")
         _tokenizer_files(tmp, cfg)
-        (tmp/"solar_open2_tiny.json").write_text(json.dumps({"tiny_version": TINY_VERSION, "format": format, "seed": seed}) + "\n")
+        (tmp/"solar_open2_tiny.json").write_text(json.dumps({"tiny_version": TINY_VERSION, "format": format, "weights": weights,
+                                                            **({"seed": seed} if weights == "random" else {"sha256": TINY_TRAINED_SHA256})}) + "\n")
         if p.exists(): p.rmdir()      # empty (checked above); fails if someone wrote into it meanwhile
         tmp.rename(p)
     except BaseException:
@@ -717,12 +766,14 @@ def cli_make_tiny(argv:list|None=None)->int:
     ap.add_argument("dir", help="directory to create (must be absent or empty)")
     ap.add_argument("--format", choices=TINY_FORMATS, default="compressed-tensors",
                     help="routed experts in NVFP4 compressed-tensors (Nota's, default), NVFP4 ModelOpt, or BF16 (dequantised)")
-    ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0; the random weights only)")
+    ap.add_argument("--weights", choices=TINY_WEIGHTS, default="trained",
+                    help="the trained weights (default; chapter train) or the seeded random ones")
     a = ap.parse_args(argv)
-    try: p = make_tiny(a.dir, a.format, a.seed)
+    try: p = make_tiny(a.dir, a.format, a.seed, weights=a.weights)
     except (OSError, ValueError) as e: print(f"solar-open2 make-tiny: {e}", file=sys.stderr); return 2
     s = scan_checkpoint(p)
-    print(f"wrote {p}: tiny Solar-Open2 ({a.format}, seed {a.seed}), {len(s.tensors):,} tensors, {s.nbytes/1e6:.1f} MB in {len(s.shards)} shards")
+    print(f"wrote {p}: tiny Solar-Open2 ({a.format}, {a.weights} weights{'' if a.weights == 'trained' else f', seed {a.seed}'}), {len(s.tensors):,} tensors, {s.nbytes/1e6:.1f} MB in {len(s.shards)} shards")
     return 0
 
 # %% ../nbs/05_checkpoint.ipynb #71535b81
@@ -734,13 +785,17 @@ def cache_dir()->Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home()/".cache"
     return Path(base).expanduser()/"solar-open2"
 
-def tiny_checkpoint(format:str="compressed-tensors")->Path:
+def tiny_checkpoint(format:str="compressed-tensors", # how the routed experts are stored (`TINY_FORMATS`)
+                    weights:str="random", # "random" (the test fixtures' seeded weights) or "trained" (`make run`'s)
+                   )->Path:
     "The built-in tiny checkpoint in `format`, created in `cache_dir()` on first use."
     if format not in TINY_FORMATS: raise ValueError(f"format must be one of {TINY_FORMATS}, got {format!r}")
+    if weights not in TINY_WEIGHTS: raise ValueError(f"weights must be one of {TINY_WEIGHTS}, got {weights!r}")
     name = {"compressed-tensors": "nvfp4"}.get(format, format)
-    p = cache_dir()/f"tiny-{name}-v{TINY_VERSION}"
+    tag = "" if weights == "random" else f"-trained-{TINY_TRAINED_SHA256[:12]}"
+    p = cache_dir()/f"tiny-{name}{tag}-v{TINY_VERSION}"
     if (p/INDEX_NAME).exists(): return p
-    try: make_tiny(p, format)
+    try: make_tiny(p, format, weights=weights)
     except (FileExistsError, OSError):
         if not (p/INDEX_NAME).exists(): raise   # another process won the race: its tree is complete (atomic rename)
     return p

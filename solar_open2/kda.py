@@ -230,7 +230,7 @@ def kda_chunked_autograd(q:torch.Tensor, # [B, T, H, K] queries
                          scale:float|None=None, # query scale, default K**-0.5
                          initial_state:torch.Tensor|None=None, # [B, H, K, V]
                          output_final_state:bool=False, # also return the final state
-                         *, chunk_size:int=32, # tokens per chunk: memory grows as B·H·T·chunk_size·K
+                         *, chunk_size:int=8, # tokens per chunk: time and memory grow as B·H·T·chunk_size·K
                          use_qk_l2norm_in_kernel:bool=False, # L2-normalise q and k first
                         )->tuple: # (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 or None)
     "The chunked form in plain differentiable ops (for training): every pairwise decay exp(Γ_t − Γ_s), s <= t, materialised."

@@ -132,9 +132,22 @@ def _from_pretrained(cls, path, # checkpoint directory
         m.model.norm.weight.data.copy_(g["model.norm.weight"])
         m.lm_head.weight.data.copy_(g["lm_head.weight"])
     m.source = str(path)
+    m.generation_eos = _generation_eos(Path(path))
     m = m.to(device=device, dtype=dtype).eval()
     m.cache_experts(cache_experts)
     return m
+
+def _generation_eos(path:Path)->list|None:
+    "`eos_token_id` of `generation_config.json` as a list (what transformers and vLLM stop on), or None without one."
+    f = path/"generation_config.json"
+    if not f.is_file(): return None
+    try: e = json.loads(f.read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as err: raise ValueError(f"{f}: not a JSON object ({err})") from None
+    if e is None: return None
+    e = [e] if isinstance(e, int) else e
+    if not (isinstance(e, list) and e and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in e)):
+        raise ValueError(f"{f}: eos_token_id must be a token id or a list of them, got {e!r}")
+    return e
 
 def _cache_experts(self:SolarOpen2ForCausalLM, on:bool=True)->int:
     "Make every NVFP4 expert keep (or drop) its dequantised matrix between calls; returns how many were switched."
@@ -211,14 +224,15 @@ def _generate(self:SolarOpen2ForCausalLM,
               temperature:float=0.0, # 0: greedy
               top_p:float=1.0,
               seed:int=0, # each prompt's sampler is seeded with this
-              eos_token_ids=None, # default `cfg.eos_token_ids`; [] never stops early
+              eos_token_ids=None, # default: generation_config.json's, else `cfg.eos_token_ids`; [] never stops early
               on_token=None, # called as on_token(prompt_index, token_id) as tokens are produced
              )->list: # a `Generation` per prompt
     "Generate from each prompt independently (own cache, own seeded sampler): prefill, then one decode step per token."
     if max_new_tokens < 1: raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     single = len(prompts) > 0 and isinstance(prompts[0], int)
     prompts = [list(prompts)] if single else [list(p) for p in prompts]
-    eos = set(self.cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    if eos_token_ids is None: eos_token_ids = getattr(self, "generation_eos", None) or self.cfg.eos_token_ids
+    eos = set(eos_token_ids)
     dev = self.lm_head.weight.device
     out = []
     for i, p in enumerate(prompts):
@@ -274,7 +288,7 @@ def cli_generate(argv:list|None=None)->int:
     import argparse
     from solar_open2 import flags
     ap = argparse.ArgumentParser(prog="solar-open2 generate", description=cli_generate.__doc__)
-    ap.add_argument("--model", help="checkpoint directory (default: the built-in tiny checkpoint, created on first use)")
+    ap.add_argument("--model", help="checkpoint directory (default: the built-in tiny checkpoint with its trained weights, created on first use)")
     ap.add_argument("--prompt", default="The capital of Japan is", help="the user's text (default: %(default)r)")
     ap.add_argument("--max-new-tokens", type=flags.positive_int, default=32, help="tokens to generate at most (default 32)")
     ap.add_argument("--raw", action="store_true", help="tokenize the prompt as is, without the chat template")
@@ -290,7 +304,7 @@ def cli_generate(argv:list|None=None)->int:
     if a.temperature < 0 or not 0 < a.top_p <= 1: return err("--temperature must be >= 0 and --top-p in (0, 1]")
     dtype = getattr(torch, a.dtype)
     try:
-        path = Path(a.model) if a.model else tiny_checkpoint()
+        path = Path(a.model) if a.model else tiny_checkpoint(weights="trained")
         tok, template = _load_tokenizer(path)
         with CheckpointReader(path) as r:
             need, have = model_nbytes(r.config, r.convention, dtype), _phys_ram()

@@ -290,3 +290,89 @@ def test_tokenizer_through_transformers(tiny_checkpoints):
     assert text == chat.render_chat(msgs)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ids[0] == 128 and ids[-1] == chat.SPECIAL_TOKENS[chat.THINK_START]
+
+
+# --- the trained tiny weights (chapter 06a_train): the committed file, its hash, the three formats -----------------
+
+def test_trained_tiny_file_matches_its_recorded_hash():
+    import hashlib, json
+    from solar_open2.checkpoint import TINY_TRAINED_FILE, TINY_TRAINED_SHA256
+    sha = hashlib.sha256(TINY_TRAINED_FILE.read_bytes()).hexdigest()
+    assert sha == TINY_TRAINED_SHA256
+    assert json.loads(TINY_TRAINED_FILE.with_name(TINY_TRAINED_FILE.name + ".json").read_text())["sha256"] == sha
+
+
+def test_trained_tiny_checkpoint_in_every_format_is_one_model(tmp_path):
+    import torch
+    from solar_open2.checkpoint import TINY_FORMATS, make_tiny
+    from solar_open2.model import SolarOpen2ForCausalLM
+    ids = torch.tensor([[464, 3, 77, 12, 900, 5, 64, 1000]])
+    logits = {}
+    for f in TINY_FORMATS:
+        d = make_tiny(tmp_path / f, f, weights="trained")
+        assert json.loads((d / "solar_open2_tiny.json").read_text())["weights"] == "trained"
+        with torch.no_grad(): logits[f] = SolarOpen2ForCausalLM.from_pretrained(d)(ids)[0]
+    assert torch.allclose(logits["modelopt"], logits["compressed-tensors"], atol=1e-5)
+    assert torch.allclose(logits["bf16"], logits["compressed-tensors"], atol=2e-2, rtol=2e-2)   # experts in bf16, not re-quantized
+
+
+def test_trained_tiny_refuses_a_damaged_file(tmp_path, monkeypatch):
+    import pytest
+    from solar_open2 import checkpoint
+    bad = tmp_path / "tiny_trained.safetensors"
+    data = bytearray(checkpoint.TINY_TRAINED_FILE.read_bytes()); data[-1] ^= 1
+    bad.write_bytes(bytes(data))
+    monkeypatch.setattr(checkpoint, "TINY_TRAINED_FILE", bad)
+    with pytest.raises(ValueError, match="sha256"): checkpoint.make_tiny(tmp_path / "out", weights="trained")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(checkpoint, "TINY_TRAINED_FILE", tmp_path / "missing.safetensors")
+    with pytest.raises(FileNotFoundError, match="missing"): checkpoint.make_tiny(tmp_path / "out2", weights="trained")
+
+
+# --- issue 32.1: quantization targets resolved the way compressed-tensors resolves them -----------------------------
+
+@pytest.mark.parametrize("targets,ignore", [
+    (["Linear"], None),                                                        # llm-compressor's default: ignore every BF16 layer
+    (["re:.*mlp\\.experts\\..*"], ["lm_head"]),                                  # the experts by regex
+    (["re:.*experts\\.[0-6]\\..*"], ["lm_head"]),                                # misses expert 7
+    (["re:.*mlp\\.experts\\..*"], ["lm_head", "re:.*experts\\.0\\..*"]),         # ignores expert 0
+    (["Linear"], ["lm_head", "re:.*self_attn\\..*", "re:.*mlp\\.gate$"]),        # the shared experts forgotten
+    (["re:.*"], ["re:.*(self_attn|gate$|shared_experts|lm_head).*"]),
+])
+def test_quantization_targets_follow_compressed_tensors(targets, ignore):
+    ct = pytest.importorskip("compressed_tensors.utils.match")
+    from solar_open2.checkpoint import bf16_linear_modules, quantization_problems, routed_expert_modules
+    cfg = SolarOpen2Config.tiny()
+    bf16, experts = bf16_linear_modules(cfg), routed_expert_modules(cfg)
+    q = nvfp4.quantization_config("compressed-tensors", bf16 if ignore is None else ignore)
+    q["config_groups"]["group_0"]["targets"] = targets
+    lin = torch.nn.Linear(1, 1)
+    want = ([f"{m} is BF16" for m in bf16 if ct.is_match(m, lin, targets, q["ignore"])] +
+            [f"{m} is NVFP4" for m in experts if not ct.is_match(m, lin, targets, q["ignore"])])
+    got = [" ".join(x.split()[:3]) for x in quantization_problems(q, "compressed-tensors", cfg)]
+    assert got == want
+
+
+# --- issue 32.4: a bf16 e_score_correction_bias is accepted with a warning and used in fp32 -------------------------
+
+def test_bf16_correction_bias_is_accepted_with_a_warning(tmp_path):
+    import warnings
+    from solar_open2.checkpoint import make_tiny, scan_checkpoint
+    from solar_open2.model import SolarOpen2ForCausalLM
+    src = make_tiny(tmp_path / "src", "bf16")
+    d = tmp_path / "b16"; shutil.copytree(src, d)
+    idx = json.loads((d / INDEX_NAME).read_text())["weight_map"]
+    name = "model.layers.3.mlp.gate.e_score_correction_bias"
+    shard = d / idx[name]
+    t = load_file(str(shard)); want = t[name].to(torch.bfloat16); t[name] = want
+    save_file(t, str(shard), metadata={"format": "pt"})
+    ix = json.loads((d / INDEX_NAME).read_text()); ix["metadata"]["total_size"] -= 2 * want.numel()   # the index stays true
+    (d / INDEX_NAME).write_text(json.dumps(ix))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        s = scan_checkpoint(d)
+    assert not [p for p in s.problems if "correction_bias" in p], s.problems
+    assert any(name in str(x.message) and "accepted" in str(x.message) for x in w)
+    m = SolarOpen2ForCausalLM.from_pretrained(d)
+    b = m.model.layers[3].mlp.gate.e_score_correction_bias
+    assert b.dtype == torch.float32 and torch.equal(b, want.float())

@@ -1,12 +1,12 @@
 """The reference model on the built-in tiny checkpoint: cache consistency, NVFP4 vs BF16 twin vs both conventions,
 batches, generation, streaming, the `generate` command. Every test loads the session's tiny checkpoints."""
-import math, os, subprocess, sys
+import json, math, os, subprocess, sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from solar_open2.checkpoint import CheckpointReader, CheckpointError, INDEX_NAME, TINY_VERSION
+from solar_open2.checkpoint import CheckpointReader, CheckpointError, INDEX_NAME, TINY_TRAINED_SHA256, TINY_VERSION
 from solar_open2.config import SolarOpen2Config
 from solar_open2.model import SolarOpen2ForCausalLM, cli_generate, sample, streamed_logits
 
@@ -149,14 +149,34 @@ def test_real_config_model_has_the_checkpoint_keys():
 
 def test_cli_generate_builds_the_builtin_checkpoint_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SOLAR_OPEN2_CACHE", str(tmp_path / "cache"))
-    assert cli_generate(["--prompt", "The capital of Japan is", "--max-new-tokens", "6"]) == 0
+    assert cli_generate(["--prompt", "The capital of Japan is", "--max-new-tokens", "16"]) == 0
     out = capsys.readouterr().out.splitlines()
-    d = tmp_path / "cache" / f"tiny-nvfp4-v{TINY_VERSION}"
+    d = tmp_path / "cache" / f"tiny-nvfp4-trained-{TINY_TRAINED_SHA256[:12]}-v{TINY_VERSION}"
     assert (d / INDEX_NAME).exists() and str(d) in out[0] and "compressed-tensors" in out[0]
-    assert out[1].endswith("(chat template)") and "tokens/s" in out[-1] and "6 new tokens" in out[-1]
+    assert out[1].endswith("(chat template)") and "tokens/s" in out[-1]
+    assert out[2] == "<|think:end|>Tokyo.<|im:end|>" and out[-1].endswith("finish: stop")   # trained: the fact, then the end
     stamp = (d / INDEX_NAME).stat().st_mtime_ns
     assert cli_generate(["--raw", "--max-new-tokens", "2", "--dtype", "bfloat16"]) == 0
     assert (d / INDEX_NAME).stat().st_mtime_ns == stamp               # reused, not rewritten
     assert "(raw)" in capsys.readouterr().out
     assert cli_generate(["--model", str(tmp_path / "none")]) == 2
     assert "none" in capsys.readouterr().err
+
+
+def test_generate_stops_on_generation_config_eos(tmp_path):
+    """Issue 32.2: the real split (config.json eos 2, generation_config.json [2, 129]): generate stops where vLLM would."""
+    import shutil
+    from solar_open2.checkpoint import tiny_checkpoint
+    d = tmp_path / "ck"; shutil.copytree(tiny_checkpoint("bf16"), d)
+    prompt = [464, 3, 77, 12, 900]
+    free = SolarOpen2ForCausalLM.from_pretrained(d).generate(prompt, max_new_tokens=8, eos_token_ids=[])[0].tokens
+    k = next(i for i, t in enumerate(free) if i >= 1 and t not in free[:i] and t != 2)   # a token first made at step k
+    c = json.loads((d / "config.json").read_text()); c["eos_token_id"] = 2
+    (d / "config.json").write_text(json.dumps(c))
+    (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, free[k]]}))
+    m = SolarOpen2ForCausalLM.from_pretrained(d)
+    assert m.cfg.eos_token_ids == [2] and m.generation_eos == [2, free[k]]
+    g = m.generate(prompt, max_new_tokens=8)[0]
+    assert g.tokens == free[:k + 1] and g.finish_reason == "stop"
+    (d / "generation_config.json").write_text('{"eos_token_id": "x"}')
+    with pytest.raises(ValueError, match="generation_config.json"): SolarOpen2ForCausalLM.from_pretrained(d)
