@@ -672,7 +672,7 @@ def _tiny_tensors(fmt:str, seed:int)->dict:
     return _format_tensors(_tiny_quantized(seed), fmt)
 
 def trained_tensors_from(sd:dict, fmt:str="compressed-tensors")->dict:
-    "A trained state dict in the tiny checkpoint's dtypes -> its tensors in `fmt`, the experts quantized as `_tiny_nvfp4` does."
+    "A trained state dict in the tiny checkpoint's dtypes -> its tensors in `fmt`, the experts quantized as the random tiny checkpoint's are."
     return _format_tensors({n: (_tiny_nvfp4(w, n) if ".mlp.experts." in n else w) for n, w in sd.items()}, fmt)
 
 def _trained_tensors(fmt:str)->dict:

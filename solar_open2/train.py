@@ -154,27 +154,28 @@ def train(steps:int=2400, # optimizer steps
     lr_at = lambda s, p: lr * min(1.0, s / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
     loads, hist, t0 = RouterLoads(model), [], time.perf_counter()
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else torch.autocast("cpu", enabled=False)
-    run_loss = None
-    step = 0
-    while True:
-        step += 1
-        p = max(step / steps, (time.perf_counter() - t0) / budget_s if budget_s else 0.0)   # progress through the schedule
-        for grp in opt.param_groups: grp["lr"] = lr_at(step, p)
-        X, Y = (t.to(device) for t in make_batch(w, rng, batch, seq))
-        with amp: logits, _ = model(X)                                       # [B, T, V] fp32
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), Y.reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        imb = loads.balance(bias_rate)
-        run_loss = loss.item() if run_loss is None else 0.95 * run_loss + 0.05 * loss.item()
-        last = p >= 1.0 or step >= steps
-        if step % log_every == 0 or last:
-            hist.append({"step": step, "loss": round(run_loss, 4), "grad_norm": round(float(gn), 3), "max_load": round(imb, 2),
-                         "lr": round(opt.param_groups[0]["lr"], 6), "s": round(time.perf_counter() - t0, 1)})
-            log(json.dumps(hist[-1]))
-        if last: break
+    with torch.enable_grad():                                                # whatever the caller's grad mode
+        run_loss = None
+        step = 0
+        while True:
+            step += 1
+            p = max(step / steps, (time.perf_counter() - t0) / budget_s if budget_s else 0.0)   # progress through the schedule
+            for grp in opt.param_groups: grp["lr"] = lr_at(step, p)
+            X, Y = (t.to(device) for t in make_batch(w, rng, batch, seq))
+            with amp: logits, _ = model(X)                                       # [B, T, V] fp32
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), Y.reshape(-1), ignore_index=-100)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            imb = loads.balance(bias_rate)
+            run_loss = loss.item() if run_loss is None else 0.95 * run_loss + 0.05 * loss.item()
+            last = p >= 1.0 or step >= steps
+            if step % log_every == 0 or last:
+                hist.append({"step": step, "loss": round(run_loss, 4), "grad_norm": round(float(gn), 3), "max_load": round(imb, 2),
+                             "lr": round(opt.param_groups[0]["lr"], 6), "s": round(time.perf_counter() - t0, 1)})
+                log(json.dumps(hist[-1]))
+            if last: break
     loads.remove()
     return model.eval(), hist
 

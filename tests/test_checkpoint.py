@@ -204,8 +204,8 @@ def test_ignore_list_misses_a_projection(tree):
     c = json.loads((tree / "config.json").read_text())
     c["quantization_config"]["ignore"].remove("model.layers.4.self_attn.k_proj")
     (tree / "config.json").write_text(json.dumps(c))
-    assert preflight(tree) == ["model.layers.4.self_attn.k_proj is BF16 in the checkpoint but not in "
-                               "quantization_config.ignore: vLLM would build it as NVFP4"]
+    assert preflight(tree) == ["model.layers.4.self_attn.k_proj is BF16 in the checkpoint but quantization_config "
+                               "targets it and does not ignore it: vLLM would build it as NVFP4"]
 
 
 def test_bf16_tree_declaring_nvfp4(tiny_checkpoints, tmp_path):
