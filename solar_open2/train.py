@@ -203,8 +203,8 @@ def greedy_match(model, w:Words, pairs:list)->list:
     "For (prompt text, answer text) pairs: whether greedy decoding from the prompt starts with the answer's tokens."
     out = []
     for p, a in pairs:
-        pi, ai = w.enc(p), w.enc(p + a)[len(w.enc(p)):]
-        if w.enc(p + a)[:len(pi)] != pi: ai = w.enc(a)                      # no merge across the boundary: the answer alone
+        pi, full = w.enc(p), w.enc(p + a)
+        ai = full[len(pi):] if full[:len(pi)] == pi else w.enc(a)            # a merge across the boundary: the answer alone
         ids = torch.tensor([pi + ai], device=model.lm_head.weight.device)
         logits, _ = model(ids)
         pred = logits[0, len(pi) - 1:-1].argmax(-1).tolist()
