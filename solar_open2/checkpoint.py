@@ -16,14 +16,15 @@ from . import nvfp4, chat
 
 # %% auto #0
 __all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'MAX_JSON_BYTES', 'PARTIAL_SUFFIXES', 'EXPERT_FORMS',
-           'TINY_VERSION', 'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_WEIGHTS',
-           'TINY_TRAINED_FILE', 'TINY_TRAINED_SHA256', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS', 'CACHE_ENV',
-           'FLOAT_DTYPES', 'SAMPLE_BYTES', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo',
-           'open_regular', 'read_json', 'read_header', 'nvfp4_layout', 'checkpoint_specs', 'check_tensors',
-           'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems', 'CheckpointScan', 'tree_file',
-           'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes', 'tiny_weights', 'tiny_tokenizer',
-           'trained_tensors_from', 'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'scan_values',
-           'preflight', 'content_manifest', 'manifest_problems', 'cli_preflight', 'real_checkpoint']
+           'TINY_VERSION', 'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_VARIANTS',
+           'TINY_WEIGHTS', 'TINY_TRAINED_FILE', 'TINY_TRAINED_SHA256', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS',
+           'CACHE_ENV', 'FLOAT_DTYPES', 'SAMPLE_BYTES', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError',
+           'TensorInfo', 'open_regular', 'read_json', 'read_header', 'nvfp4_layout', 'checkpoint_specs',
+           'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems', 'CheckpointScan',
+           'tree_file', 'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes', 'tiny_weights',
+           'tiny_tokenizer', 'trained_tensors_from', 'trained_file', 'trained_weights', 'make_tiny', 'cli_make_tiny',
+           'cache_dir', 'tiny_checkpoint', 'scan_values', 'preflight', 'content_manifest', 'manifest_problems',
+           'cli_preflight', 'real_checkpoint']
 
 # %% ../nbs/05_checkpoint.ipynb #6db45b75
 INDEX_NAME = "model.safetensors.index.json"
@@ -545,6 +546,7 @@ TINY_FORMATS = ("compressed-tensors", "modelopt", "bf16")
 TINY_INPUT_AMAX = 16.0  # static activation range given to nvfp4.quantize for every routed expert
 TINY_SHARDS = 4
 TINY_SUCCESSOR = 3.0    # weight of the successor map embed_tokens[pi] in lm_head (table above)
+TINY_VARIANTS = ("tiny", "real-metadata")   # today's fixtures, or metadata as the real files probably have it (below)
 TINY_WEIGHTS = ("random", "trained")   # the seeded initial weights, or those chapter `train` trained from them
 # the trained weights: the compressed-tensors tensors of the tiny checkpoint, written by `train.save_trained`
 TINY_TRAINED_FILE = Path(nvfp4.__file__).parent/"data"/"tiny_trained.safetensors"   # in the package
@@ -675,15 +677,29 @@ def trained_tensors_from(sd:dict, fmt:str="compressed-tensors")->dict:
     "A trained state dict in the tiny checkpoint's dtypes -> its tensors in `fmt`, the experts quantized as the random tiny checkpoint's are."
     return _format_tensors({n: (_tiny_nvfp4(w, n) if ".mlp.experts." in n else w) for n, w in sd.items()}, fmt)
 
-def _trained_tensors(fmt:str)->dict:
-    "`{name: tensor}` of the trained tiny checkpoint in format `fmt`, from `TINY_TRAINED_FILE` (its sha256 checked)."
+def trained_file(weights:str="trained")->tuple:
+    """(file, the sha256 it must have) of trained tiny weights: `"trained"` -> the package's `TINY_TRAINED_FILE`; a path ->
+    a file written by `python -m solar_open2.train`, checked against the sha256 of the record (`FILE.json`) written beside it."""
+    if weights == "trained": return TINY_TRAINED_FILE, TINY_TRAINED_SHA256
+    f, rec = Path(weights), Path(f"{weights}.json")
+    if not f.is_file():
+        raise FileNotFoundError(f"{f}: no such weights file (weights: one of {TINY_WEIGHTS}, or a file written by `python -m solar_open2.train`)")
+    if not rec.is_file(): raise FileNotFoundError(f"{rec}: the training record beside {f.name} is missing (it holds the sha256 the file is checked against)")
+    try: sha = json.loads(rec.read_text())["sha256"]
+    except (ValueError, KeyError, TypeError) as e: raise ValueError(f"{rec}: not a training record with a sha256 ({type(e).__name__}: {e})") from None
+    return f, sha
+
+def _trained_tensors(fmt:str, weights:str="trained")->dict:
+    "`{name: tensor}` of the trained tiny checkpoint in format `fmt`, from `trained_file(weights)` (its sha256 checked)."
     from safetensors.torch import load_file
-    f = TINY_TRAINED_FILE
+    f, want = trained_file(weights)
     if not f.is_file(): raise FileNotFoundError(f"{f}: the trained tiny weights are missing (a damaged install?)")
     sha = hashlib.sha256(f.read_bytes()).hexdigest()
-    if sha != TINY_TRAINED_SHA256:
-        raise ValueError(f"{f}: sha256 {sha} is not the recorded {TINY_TRAINED_SHA256}; refusing to build the tiny checkpoint from it")
+    if sha != want:
+        raise ValueError(f"{f}: sha256 {sha} is not the recorded {want}; refusing to build the tiny checkpoint from it")
     ct, cfg = load_file(str(f)), SolarOpen2Config.tiny()
+    missing = [s.name for s in tensor_specs(cfg) if ".mlp.experts." not in s.name and s.name not in ct]
+    if missing: raise ValueError(f"{f}: not the tiny checkpoint's tensors ({len(missing)} missing, e.g. {missing[0]})")
     q, sfx = {}, nvfp4.SUFFIXES["compressed-tensors"]
     for s in tensor_specs(cfg):                                                   # checkpoint order
         if ".mlp.experts." in s.name:
@@ -691,6 +707,10 @@ def _trained_tensors(fmt:str)->dict:
             q[s.name] = nvfp4.from_checkpoint({k: ct[f"{base}.{k}"] for k in sfx if f"{base}.{k}" in ct}, "compressed-tensors", base)
         else: q[s.name] = ct[s.name]
     return _format_tensors(q, fmt)
+
+def trained_weights(weights:str="trained")->dict:
+    "Trained tiny weights (`trained_file(weights)`) as the BF16 checkpoint's tensors, experts dequantised: `tiny_weights`'s twin."
+    return _trained_tensors("bf16", weights)
 
 def _shard(tensors:dict, n:int)->list:
     "Cut the ordered tensors into `n` groups of about equal bytes (never splitting a tensor)."
@@ -718,21 +738,40 @@ def _umask()->int:
     try: return int(next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("Umask:")).split()[1], 8)
     except (OSError, StopIteration, ValueError, IndexError): m = os.umask(0o22); os.umask(m); return m
 
+def _regex_targets(qc:dict)->dict:
+    "A compressed-tensors config that names the quantized layers by regex (llm-compressor's other form), ignoring only `lm_head`."
+    qc = json.loads(json.dumps(qc))
+    for g in qc["config_groups"].values(): g["targets"] = [r"re:.*mlp\.experts\..*"]
+    qc["ignore"] = ["lm_head"]
+    return qc
+
+def _real_metadata_tensors(fmt:str, w:dict)->dict:
+    "The tiny checkpoint's tensors from BF16 weights `w`, routed experts quantized with their own global scales (448·6/amax: never a power of two)."
+    return _format_tensors({n: (nvfp4.quantize(t, input_amax=TINY_INPUT_AMAX, name=n) if ".mlp.experts." in n else t) for n, t in w.items()}, fmt)
+
 def make_tiny(path, # directory to create (absent or empty)
               format:str="compressed-tensors", # "compressed-tensors" (Nota's), "modelopt", or "bf16" (dequantised experts)
               seed:int=0, # weight seed (random weights)
-              weights:str="random", # "random": seeded initial weights; "trained": chapter `train`'s (`TINY_TRAINED_FILE`)
+              weights:str="random", # "random": seeded initial weights; "trained": chapter `train`'s (`TINY_TRAINED_FILE`); or a file `python -m solar_open2.train` wrote
+              variant:str="tiny", # "real-metadata": regex targets, EOS split, realistic global scales (`TINY_VARIANTS`)
              )->Path: # the checkpoint directory
     "Write the deterministic tiny checkpoint (tiny config, Nota's layout) into a new directory."
     from safetensors.torch import save_file
     if format not in TINY_FORMATS: raise ValueError(f"format must be one of {TINY_FORMATS}, got {format!r}")
-    if weights not in TINY_WEIGHTS: raise ValueError(f"weights must be one of {TINY_WEIGHTS}, got {weights!r}")
+    weights = str(weights)
+    if variant not in TINY_VARIANTS: raise ValueError(f"variant must be one of {TINY_VARIANTS}, got {variant!r}")
+    sha = None if weights == "random" else trained_file(weights)[1]       # a bad path fails here, before anything is written
     p = Path(path)
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         raise FileExistsError(f"{p}: exists and is not an empty directory; refusing to write a checkpoint into it")
     cfg = SolarOpen2Config.tiny()
-    tensors = _tiny_tensors(format, seed) if weights == "random" else _trained_tensors(format)
+    if variant == "tiny": tensors = _tiny_tensors(format, seed) if weights == "random" else _trained_tensors(format, weights)
+    else: tensors = _real_metadata_tensors(format, tiny_weights(seed, cfg) if weights == "random" else trained_weights(weights))
     if format != "bf16": cfg.quantization_config = nvfp4.quantization_config(format, bf16_linear_modules(cfg))
+    gen_eos = cfg.eos_token_ids
+    if variant == "real-metadata":
+        cfg.eos_token_id = gen_eos[0]                   # config.json: the scalar; generation_config.json: the list
+        if format == "compressed-tensors": cfg.quantization_config = _regex_targets(cfg.quantization_config)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.parent/f".{p.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
@@ -747,11 +786,11 @@ def make_tiny(path, # directory to create (absent or empty)
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         (tmp/INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
         cfg.save(tmp)
-        (tmp/"generation_config.json").write_text(json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_ids,
+        (tmp/"generation_config.json").write_text(json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": gen_eos,
                                                               "pad_token_id": cfg.pad_token_id}, indent=2) + "\n")
         _tokenizer_files(tmp, cfg)
-        (tmp/"solar_open2_tiny.json").write_text(json.dumps({"tiny_version": TINY_VERSION, "format": format, "weights": weights,
-                                                            **({"seed": seed} if weights == "random" else {"sha256": TINY_TRAINED_SHA256})}) + "\n")
+        (tmp/"solar_open2_tiny.json").write_text(json.dumps({"tiny_version": TINY_VERSION, "format": format, "weights": weights if weights in TINY_WEIGHTS else "trained", "variant": variant,
+                                                            **({"seed": seed} if weights == "random" else {"sha256": sha})}) + "\n")
         if p.exists(): p.rmdir()      # empty (checked above); fails if someone wrote into it meanwhile
         tmp.rename(p)
     except BaseException:
@@ -767,13 +806,17 @@ def cli_make_tiny(argv:list|None=None)->int:
     ap.add_argument("--format", choices=TINY_FORMATS, default="compressed-tensors",
                     help="routed experts in NVFP4 compressed-tensors (Nota's, default), NVFP4 ModelOpt, or BF16 (dequantised)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0; the random weights only)")
-    ap.add_argument("--weights", choices=TINY_WEIGHTS, default="trained",
-                    help="the trained weights (default; chapter train) or the seeded random ones")
+    ap.add_argument("--weights", default="trained", metavar="{trained,random,FILE}",
+                    help="the trained weights (default; chapter train), the seeded random ones, or FILE.safetensors written by "
+                         "`python -m solar_open2.train` (checked against its FILE.json record)")
+    ap.add_argument("--variant", choices=TINY_VARIANTS, default="tiny",
+                    help="tiny (default): the fixtures' metadata; real-metadata: quantization targets by regex, EOS only in "
+                         "generation_config.json as a list, global scales 448*6/amax (not powers of two)")
     a = ap.parse_args(argv)
-    try: p = make_tiny(a.dir, a.format, a.seed, weights=a.weights)
+    try: p = make_tiny(a.dir, a.format, a.seed, weights=a.weights, variant=a.variant)
     except (OSError, ValueError) as e: print(f"solar-open2 make-tiny: {e}", file=sys.stderr); return 2
     s = scan_checkpoint(p)
-    print(f"wrote {p}: tiny Solar-Open2 ({a.format}, {a.weights} weights{'' if a.weights == 'trained' else f', seed {a.seed}'}), {len(s.tensors):,} tensors, {s.nbytes/1e6:.1f} MB in {len(s.shards)} shards")
+    print(f"wrote {p}: tiny Solar-Open2 ({a.format}, {a.weights} weights{f', seed {a.seed}' if a.weights == 'random' else ''}), {len(s.tensors):,} tensors, {s.nbytes/1e6:.1f} MB in {len(s.shards)} shards")
     return 0
 
 # %% ../nbs/05_checkpoint.ipynb #71535b81
@@ -786,16 +829,19 @@ def cache_dir()->Path:
     return Path(base).expanduser()/"solar-open2"
 
 def tiny_checkpoint(format:str="compressed-tensors", # how the routed experts are stored (`TINY_FORMATS`)
-                    weights:str="random", # "random" (the test fixtures' seeded weights) or "trained" (`make run`'s)
+                    weights:str="random", # "random" (the test fixtures' seeded weights), "trained" (`make run`'s), or a trained file (`make_tiny`)
+                    variant:str="tiny", # or "real-metadata" (`make_tiny`)
                    )->Path:
     "The built-in tiny checkpoint in `format`, created in `cache_dir()` on first use."
     if format not in TINY_FORMATS: raise ValueError(f"format must be one of {TINY_FORMATS}, got {format!r}")
-    if weights not in TINY_WEIGHTS: raise ValueError(f"weights must be one of {TINY_WEIGHTS}, got {weights!r}")
+    weights = str(weights)
     name = {"compressed-tensors": "nvfp4"}.get(format, format)
-    tag = "" if weights == "random" else f"-trained-{TINY_TRAINED_SHA256[:12]}"
+    tag = "" if weights == "random" else f"-trained-{trained_file(weights)[1][:12]}"
+    if variant not in TINY_VARIANTS: raise ValueError(f"variant must be one of {TINY_VARIANTS}, got {variant!r}")
+    tag += "" if variant == "tiny" else "-realmeta"
     p = cache_dir()/f"tiny-{name}{tag}-v{TINY_VERSION}"
     if (p/INDEX_NAME).exists(): return p
-    try: make_tiny(p, format, weights=weights)
+    try: make_tiny(p, format, weights=weights, variant=variant)
     except (FileExistsError, OSError):
         if not (p/INDEX_NAME).exists(): raise   # another process won the race: its tree is complete (atomic rename)
     return p

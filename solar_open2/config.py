@@ -55,6 +55,8 @@ class SolarOpen2Config:
     linear_attn_config: dict = field(default_factory=lambda: dict(_LINEAR_ATTN_DEFAULT)) # KDA heads, head_dim, conv kernel
     kda_use_full_proj: bool = False       # False: low-rank f_a/f_b, g_a/g_b gates
     kda_allow_neg_eigval: bool = True     # True: beta = 2 sigmoid(b), eigenvalues in (-1, 1]
+    kda_gate_lower_bound: float | None = None # set: decay = bound * sigmoid(exp(A_log)(f + dt_bias)), FLA's bounded gate; absent (the
+                                          # released config, HF and vLLM): -exp(A_log) softplus(f + dt_bias)
     moe_intermediate_size: int = 1280     # width of each routed expert and of the shared expert
     n_routed_experts: int = 320           # routed experts per layer
     n_shared_experts: int = 1             # always-on experts (widths add up)
@@ -111,6 +113,9 @@ def _positive(cfg, *names):
 
 def _validate(self:SolarOpen2Config):
     "Refuse configs this port cannot run, naming the field."
+    lb = self.kda_gate_lower_bound
+    if lb is not None and (isinstance(lb, bool) or not isinstance(lb, (int, float)) or not math.isfinite(lb) or lb >= 0):
+        raise ValueError(f"kda_gate_lower_bound must be a negative number (FLA uses -5) or absent, got {lb!r}")
     _positive(self, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "head_dim", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group")
     if self.model_type != "solar_open2": raise ValueError(f"`model_type` is {self.model_type!r}, expected 'solar_open2'")
@@ -218,9 +223,10 @@ def _from_dict(cls, d:dict, source:str="config")->SolarOpen2Config:
     except (TypeError, ValueError) as e: raise ValueError(f"{source}: {e}") from None
 
 def _to_dict(self)->dict:
-    "The `config.json` form: known fields (None quantization_config dropped) then the extra keys."
+    "The `config.json` form: known fields (None quantization_config / kda_gate_lower_bound dropped) then the extra keys."
     d = {f: getattr(self, f) for f in (f.name for f in dataclasses.fields(self)) if f != "extra"}
-    if d["quantization_config"] is None: del d["quantization_config"]
+    for k in ("quantization_config", "kda_gate_lower_bound"):
+        if d[k] is None: del d[k]                                      # absent in the released files
     return json.loads(json.dumps({**d, **self.extra}))
 
 def _no_constant(c): raise json.JSONDecodeError(f"{c} is not JSON", c, 0)   # json.loads would read NaN and Infinity

@@ -112,8 +112,9 @@ def kda_beta(b:torch.Tensor, # [..., H] beta logits (`b_proj(x)`)
 def kda_gate(f:torch.Tensor, # [..., H*D] or [..., H, D] raw forget pre-activation
              A_log:torch.Tensor, # [1, 1, H, 1] (or [H]) log decay rate per head
              dt_bias:torch.Tensor, # [H*D] per-channel offset
+             lower_bound:float|None=None, # `kda_gate_lower_bound`: g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)) instead
             )->torch.Tensor: # [..., H, D] fp32, <= 0
-    "KDA's decay g = -exp(A_log) * softplus(f + dt_bias), per head and key channel, in fp32."
+    "KDA's decay g = -exp(A_log) * softplus(f + dt_bias) (or FLA's bounded form), per head and key channel, in fp32."
     H = A_log.numel()
     P = dt_bias.numel()
     if P % H: raise ValueError(f"dt_bias has {P} entries, not a multiple of the {H} heads of A_log")
@@ -121,7 +122,10 @@ def kda_gate(f:torch.Tensor, # [..., H*D] or [..., H, D] raw forget pre-activati
     if f.shape[-1] == P: f = f.unflatten(-1, (H, D))                   # [..., H*D] -> [..., H, D]
     if tuple(f.shape[-2:]) != (H, D): raise ValueError(f"f has shape {tuple(f.shape)}; expected [..., {P}] or [..., {H}, {D}]")
     A = A_log.float().reshape(H, 1).exp()                              # [H, 1]
-    return -A * F.softplus(f.float() + dt_bias.float().reshape(H, D))
+    x = f.float() + dt_bias.float().reshape(H, D)                      # [..., H, D]
+    if lower_bound is None: return -A * F.softplus(x)
+    if not lower_bound < 0: raise ValueError(f"kda_gate: lower_bound must be negative, got {lower_bound}")
+    return lower_bound * torch.sigmoid(A * x)                          # in (lower_bound, 0): the decay per step is at most e^bound
 
 # %% ../nbs/02_kda.ipynb #1aa581dc
 CHUNK_SIZE = 64   # tokens per chunk, as FLA's chunk_kda
@@ -161,17 +165,18 @@ def kda_chunked(q:torch.Tensor, # [B, T, H, K] queries
                 *, chunk_size:int=CHUNK_SIZE, # a power of two
                 cu_seqlens:torch.Tensor|None=None, # [N+1] sequence boundaries of a packed batch (B must be 1)
                 use_qk_l2norm_in_kernel:bool=False, # L2-normalise q and k first
+                autograd_chunk_size:int=8, # under autograd (`kda_chunked_autograd`): time and memory grow with it, Python steps fall
                )->tuple: # (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32 or None)
     "The same recurrence as `kda_recurrent`, in chunks: UT-transform inside a chunk, state carried across chunks."
     if cu_seqlens is not None:
         return _varlen(kda_chunked, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                       chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                       chunk_size=chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, autograd_chunk_size=autograd_chunk_size)
     if chunk_size < 1 or chunk_size & (chunk_size - 1): raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
     B, T, H, K, V = _check_core(q, k, v, g, beta, initial_state)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)):
         # the chunked form writes into preallocated buffers, which autograd cannot record: its plain-op twin
         return kda_chunked_autograd(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                                    chunk_size=autograd_chunk_size, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     out_dtype = v.dtype
     scale = K ** -0.5 if scale is None else scale       # o is linear in q: the scale is applied to o
     if use_qk_l2norm_in_kernel: q, k = l2norm(q), l2norm(k)
@@ -348,7 +353,9 @@ class KDALayer(nn.Module):
         self.o_norm = GatedRMSNorm(D, eps=cfg.rms_norm_eps)
         self.o_proj = nn.Linear(P, hid, bias=False)
         self.allow_neg_eigval = cfg.kda_allow_neg_eigval if allow_neg_eigval is None else bool(allow_neg_eigval)
+        self.gate_lower_bound = cfg.kda_gate_lower_bound   # None: the released gate
         self.core = "auto"   # "auto": chunked for T > 1, recurrent for single-token decode; or "chunked" / "recurrent"
+        self.autograd_chunk_size = 8   # the chunked core's chunk when training (`kda_chunked_autograd`)
         self.reset_gate_parameters()
         self._register_load_state_dict_pre_hook(self._accept_flat_A_log)
 
@@ -392,12 +399,13 @@ def _kda_forward(self:KDALayer, x:torch.Tensor, # [B, T, hidden] the normed laye
     k, ck = short_conv(self.k_proj(x), self.k_conv1d.weight, ck)
     v, cv = short_conv(self.v_proj(x), self.v_conv1d.weight, cv)
     q, k, v = (t.view(B, T, H, D) for t in (q, k, v))                          # [B, T, H, D]
-    g = kda_gate(self._forget_logits(x), self.A_log, self.dt_bias)            # [B, T, H, D] fp32, the only gate call
+    g = kda_gate(self._forget_logits(x), self.A_log, self.dt_bias, self.gate_lower_bound)   # [B, T, H, D] fp32, the only gate call
     beta = kda_beta(self.b_proj(x), self.allow_neg_eigval)                    # [B, T, H] fp32
     core = {"auto": kda_recurrent if T == 1 else kda_chunked,
             "recurrent": kda_recurrent, "chunked": kda_chunked}[self.core]
+    kw = {"autograd_chunk_size": self.autograd_chunk_size} if core is kda_chunked else {}
     o, S = core(l2norm(q), l2norm(k), v, g, beta, scale=D ** -0.5,
-                initial_state=state.recurrent, output_final_state=True)       # o [B, T, H, D] in v's dtype
+                initial_state=state.recurrent, output_final_state=True, **kw)  # o [B, T, H, D] in v's dtype
     o = self.o_norm(o, self._gate_logits(x).view(B, T, H, D))                 # [B, T, H, D]
     y = self.o_proj(o.reshape(B, T, P))                                       # [B, T, hidden]
     return y, KDAState(torch.cat([cq, ck, cv], 1), S)

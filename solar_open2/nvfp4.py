@@ -114,10 +114,13 @@ class NVFP4Weight:
     global_scale: torch.Tensor                  # fp32 0-d multiplier
     input_global_scale: torch.Tensor|None = None  # fp32 0-d multiplier for activations (W4A4), or None
     name: str = field(default="weight", repr=False, compare=False)   # for error messages only
+    global_divisor: torch.Tensor|None = field(default=None, repr=False, compare=False)  # compressed-tensors' stored divisor
 
     def __post_init__(self):
         _check_codec(self.packed, self.scale, self.name)
         self.global_scale = _check_scalar(self.global_scale, self.name, "global scale")
+        if self.global_divisor is not None:
+            self.global_divisor = _check_scalar(self.global_divisor, self.name, "global divisor")
         if self.input_global_scale is not None:
             self.input_global_scale = _check_scalar(self.input_global_scale, self.name, "input global scale")
 
@@ -158,14 +161,17 @@ def _pair_lut(device)->torch.Tensor:
     return _LUT_CACHE[device]
 
 def dequantize(packed:torch.Tensor, scale:torch.Tensor, global_scale:torch.Tensor, dtype=torch.bfloat16,
-               name:str="weight")->torch.Tensor:
-    "`E2M1(code) * (scale * global_scale)` in fp32, cast to `dtype`: [out, in/2] + [out, in/16] -> [out, in]."
+               name:str="weight",
+               global_divisor:torch.Tensor|None=None, # compressed-tensors' divisor: the block scale is `scale / divisor`, as there
+              )->torch.Tensor:
+    "`E2M1(code) * (scale * global_scale)` (or `scale / global_divisor`) in fp32, cast to `dtype`: [out, in/2] + [out, in/16] -> [out, in]."
     out, inp = _check_codec(packed, scale, name)
     g = _check_scalar(global_scale, name, "global scale")
+    eff = scale.float() * g if global_divisor is None else scale.float() / _check_scalar(global_divisor, name, "global divisor")   # [out, in/16]
     vals = _pair_lut(packed.device).index_select(0, packed.reshape(-1).int())   # [out*in/2, 2]
     vals = vals.view(out, inp // GROUP_SIZE, GROUP_SIZE)                          # [out, in/16, 16]
     res = torch.empty(out, inp // GROUP_SIZE, GROUP_SIZE, dtype=dtype, device=packed.device)
-    torch.mul(vals, (scale.float() * g).unsqueeze(-1), out=res)   # fp32 product, rounded once into `dtype`
+    torch.mul(vals, eff.unsqueeze(-1), out=res)                   # fp32 product, rounded once into `dtype`
     return res.view(out, inp)
 
 def _dequantize_reference(packed, scale, global_scale):
@@ -177,7 +183,7 @@ def _dequantize_reference(packed, scale, global_scale):
 
 def _nvw_dequantize(self:NVFP4Weight, dtype=torch.bfloat16)->torch.Tensor:
     "The dense `[out, in]` weight."
-    return dequantize(self.packed, self.scale, self.global_scale, dtype, name=self.name)
+    return dequantize(self.packed, self.scale, self.global_scale, dtype, name=self.name, global_divisor=self.global_divisor)
 
 NVFP4Weight.dequantize = _nvw_dequantize
 
@@ -202,7 +208,8 @@ def to_checkpoint(q:NVFP4Weight, convention:str)->dict:
     sfx = _check_convention(convention)
     ct = convention == "compressed-tensors"
     glob = lambda m: (1.0 / m).reshape(1) if ct else m.reshape(())    # CT: divisor [1]; ModelOpt: multiplier []
-    d = {sfx.packed: q.packed, sfx.scale: q.scale, sfx.global_scale: glob(q.global_scale)}
+    g = q.global_divisor.reshape(1) if ct and q.global_divisor is not None else glob(q.global_scale)   # the divisor read, written back
+    d = {sfx.packed: q.packed, sfx.scale: q.scale, sfx.global_scale: g}
     if q.input_global_scale is not None: d[sfx.input_scale] = glob(q.input_global_scale)
     return d
 
@@ -220,7 +227,8 @@ def from_checkpoint(tensors:dict, convention:str, name:str)->NVFP4Weight:
     packed, scale = tensors[sfx.packed], tensors[sfx.scale]
     _check_codec(packed, scale, f"{name}.{sfx.packed}/{sfx.scale}")
     ig = glob(sfx.input_scale) if sfx.input_scale in tensors else None
-    return NVFP4Weight(packed, scale, glob(sfx.global_scale), ig, name=name)
+    div = _check_scalar(tensors[sfx.global_scale], f"{name}.{sfx.global_scale}", "global scale") if ct else None
+    return NVFP4Weight(packed, scale, glob(sfx.global_scale), ig, name=name, global_divisor=div)
 
 # %% ../nbs/01_nvfp4.ipynb #0a9e4617
 _CT_MARKERS = (".weight_packed", ".weight_global_scale", ".input_global_scale")

@@ -11,15 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from . import chat
-from .checkpoint import (TINY_CORPUS, TINY_TRAINED_FILE, tiny_tokenizer, tiny_weights, trained_tensors_from)
+from .checkpoint import (TINY_CORPUS, TINY_TRAINED_FILE, tiny_tokenizer, tiny_weights, trained_tensors_from,
+                                 trained_file, trained_weights)
 from .config import SolarOpen2Config
 from .model import SolarOpen2ForCausalLM
 from .moe import SolarRouter
+from .kda import KDALayer
 
 # %% auto #0
 __all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'TRAPS', 'chat_text', 'Words', 'recall_sample', 'copy_sample',
-           'fact_sample', 'make_batch', 'RouterLoads', 'train', 'save_trained', 'greedy_match', 'facts_accuracy',
-           'recall_accuracy', 'trap', 'cli_train']
+           'fact_sample', 'make_batch', 'RouterLoads', 'train', 'save_trained', 'encode_pair', 'facts_pairs',
+           'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries', 'copy_prompts', 'copy_accuracy',
+           'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -91,14 +94,22 @@ def fact_sample(w:Words, rng:random.Random, chat_first:bool)->tuple:
     return ids, ids[1:] + [-100]
 
 # %% ../nbs/06a_train.ipynb #50226752
-def make_batch(w:Words, rng:random.Random, batch:int, seq:int)->tuple:
+def make_batch(w:Words, rng:random.Random, batch:int, seq:int,
+               recall:float=0.4, copy:float=0.15, # fractions of the rows (the rest: facts, 40 % of them chat-first)
+               all_queries:bool=False, # recall rows query every pair (else 4-12 of them)
+               min_pairs:int=8, # recall rows hold min_pairs..40 pairs (as many as fit)
+              )->tuple:
     "(ids [batch, seq] int64, targets [batch, seq] int64, -100 = no loss)."
     X = torch.full((batch, seq), w.eos, dtype=torch.long); Y = torch.full((batch, seq), -100, dtype=torch.long)
+    top = min(40, (seq - 8) // 6) if all_queries else min(40, (seq - 30) // 4)   # pairs that fit with their queries
+    if top < min_pairs: raise ValueError(f"make_batch: seq {seq} holds {top} recall pairs, fewer than min_pairs {min_pairs}")
     for b in range(batch):
         r = rng.random()
-        if r < 0.4: ids, tg = recall_sample(w, rng, rng.randint(8, min(40, (seq - 30) // 4)), rng.randint(4, 12))
-        elif r < 0.55: ids, tg = copy_sample(w, rng, rng.randint(10, min(60, (seq - 12) // 2)))
-        else: ids, tg = fact_sample(w, rng, chat_first=r >= 0.82)
+        if r < recall:
+            n = rng.randint(min_pairs, top)
+            ids, tg = recall_sample(w, rng, n, n if all_queries else rng.randint(4, 12))
+        elif r < recall + copy: ids, tg = copy_sample(w, rng, rng.randint(10, min(60, (seq - 12) // 2)))
+        else: ids, tg = fact_sample(w, rng, chat_first=r >= recall + copy + 0.6 * (1 - recall - copy))
         n = min(seq, len(ids))
         X[b, :n], Y[b, :n] = torch.tensor(ids[:n]), torch.tensor(tg[:n])
     return X, Y
@@ -133,6 +144,9 @@ def train(steps:int=2400, # optimizer steps
           batch:int=32, seq:int=256, # rows and tokens per row
           lr:float=2e-3, warmup:int=100, weight_decay:float=0.05,
           bias_rate:float=1e-3, # the routers' bias step (DeepSeek-V3's gamma)
+          mix:dict|None=None, # make_batch's corpus options (recall, copy, all_queries, min_pairs)
+          init:str|None=None, # start from these trained weights (a file `save_trained` wrote) instead of the seeded ones
+          kda_chunk:int=8, # KDA's chunk under autograd: larger is fewer Python steps (a GPU's bottleneck here), more memory
           device:str="cuda", seed:int=0,
           budget_s:float|None=None, # wall-clock budget: the schedule runs on max(step/steps, elapsed/budget), stopping at 1
           log_every:int=100, log=print, # a function of one line
@@ -142,10 +156,14 @@ def train(steps:int=2400, # optimizer steps
     rng, w, cfg = random.Random(seed), Words(), SolarOpen2Config.tiny()
     model = SolarOpen2ForCausalLM(cfg)
     model.load_state_dict({n: t.float() for n, t in tiny_weights(seed, cfg).items()})
-    with torch.no_grad():                  # what the random checkpoint plants to make noise legible, a trained one must not start from
-        model.lm_head.weight.normal_(0, 0.02)                                # no successor map, logits near 0 (loss ln V)
-        for r in model.modules():
-            if isinstance(r, SolarRouter): r.e_score_correction_bias.zero_()  # balanced by training, from zero
+    if init is not None: model.load_state_dict({n: t.float() for n, t in trained_weights(init).items()})   # continue a run
+    else:
+        with torch.no_grad():              # what the random checkpoint plants to make noise legible, a trained one must not start from
+            model.lm_head.weight.normal_(0, 0.02)                            # no successor map, logits near 0 (loss ln V)
+            for r in model.modules():
+                if isinstance(r, SolarRouter): r.e_score_correction_bias.zero_()   # balanced by training, from zero
+    for m in model.modules():
+        if isinstance(m, KDALayer): m.autograd_chunk_size = kda_chunk
     model.to(device).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "conv1d" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "conv1d" not in n)]
@@ -153,7 +171,7 @@ def train(steps:int=2400, # optimizer steps
                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
     lr_at = lambda s, p: lr * min(1.0, s / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
     loads, hist, t0 = RouterLoads(model), [], time.perf_counter()
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if str(device).startswith("cuda") else torch.autocast("cpu", enabled=False)
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, True   # fp32 throughout; TF32 matmuls on a GPU
     with torch.enable_grad():                                                # whatever the caller's grad mode
         run_loss = None
         step = 0
@@ -161,8 +179,8 @@ def train(steps:int=2400, # optimizer steps
             step += 1
             p = max(step / steps, (time.perf_counter() - t0) / budget_s if budget_s else 0.0)   # progress through the schedule
             for grp in opt.param_groups: grp["lr"] = lr_at(step, p)
-            X, Y = (t.to(device) for t in make_batch(w, rng, batch, seq))
-            with amp: logits, _ = model(X)                                       # [B, T, V] fp32
+            X, Y = (t.to(device) for t in make_batch(w, rng, batch, seq, **(mix or {})))
+            logits, _ = model(X)                                                 # [B, T, V] fp32
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), Y.reshape(-1), ignore_index=-100)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -177,6 +195,7 @@ def train(steps:int=2400, # optimizer steps
                 log(json.dumps(hist[-1]))
             if last: break
     loads.remove()
+    torch.backends.cuda.matmul.allow_tf32 = tf32                            # the caller's setting back
     return model.eval(), hist
 
 # %% ../nbs/06a_train.ipynb #660bff9b
@@ -198,13 +217,22 @@ def save_trained(model, path, # a trained model; the .safetensors file to write 
     return sha
 
 # %% ../nbs/06a_train.ipynb #aae47fcc
+def encode_pair(w:Words, prompt:str, answer:str)->tuple:
+    "(prompt ids, answer ids) as the tokenizer splits `prompt + answer` (a merge across the boundary: the answer alone)."
+    pi, full = w.enc(prompt), w.enc(prompt + answer)
+    return pi, (full[len(pi):] if full[:len(pi)] == pi else w.enc(answer))
+
+def facts_pairs(chat_template:bool)->list:
+    "The 40 capitals as (prompt, answer) texts: `The capital of X is` -> ` Y.`, or in the chat template -> `<|think:end|>Y.`."
+    if not chat_template: return [(f"The capital of {c} is", f" {k}.") for c, k in COUNTRIES]
+    gen = chat.render_chat([{"role": "user", "content": "{}"}]).split("{}")
+    return [(gen[0] + f"The capital of {c} is" + gen[1], f"<|think:end|>{k}.") for c, k in COUNTRIES]
+
 @torch.no_grad()
 def greedy_match(model, w:Words, pairs:list)->list:
     "For (prompt text, answer text) pairs: whether greedy decoding from the prompt starts with the answer's tokens."
     out = []
-    for p, a in pairs:
-        pi, full = w.enc(p), w.enc(p + a)
-        ai = full[len(pi):] if full[:len(pi)] == pi else w.enc(a)            # a merge across the boundary: the answer alone
+    for pi, ai in (encode_pair(w, p, a) for p, a in pairs):
         ids = torch.tensor([pi + ai], device=model.lm_head.weight.device)
         logits, _ = model(ids)
         pred = logits[0, len(pi) - 1:-1].argmax(-1).tolist()
@@ -214,9 +242,7 @@ def greedy_match(model, w:Words, pairs:list)->list:
 def facts_accuracy(model, w:Words|None=None)->dict:
     "Fraction of the 40 capitals the model gives greedily: as a sentence (`raw`) and in the chat template (`chat`)."
     w = w or Words()
-    raw = greedy_match(model, w, [(f"The capital of {c} is", f" {k}.") for c, k in COUNTRIES])
-    gen = chat.render_chat([{"role": "user", "content": "{}"}]).split("{}")
-    chat_ = greedy_match(model, w, [(gen[0] + f"The capital of {c} is" + gen[1], f"<|think:end|>{k}.") for c, k in COUNTRIES])
+    raw, chat_ = (greedy_match(model, w, facts_pairs(ct)) for ct in (False, True))
     return {"raw": sum(raw) / len(raw), "chat": sum(chat_) / len(chat_)}
 
 @torch.no_grad()
@@ -233,6 +259,35 @@ def recall_accuracy(model, w:Words|None=None, n:int=64, n_pairs:int=32, n_querie
                 hit += pred[i] == t; tot += 1; gaps.append(i - ids.index(ids[i]))
         lens.append(len(ids))
     return {"accuracy": hit / tot, "queries": tot, "prompt_tokens": [min(lens), max(lens)], "key_distance": [min(gaps), max(gaps)]}
+
+def recall_queries(w:Words|None=None, n:int=64, n_pairs:int=32, n_queries:int=4, seed:int=1234)->list:
+    "`recall_accuracy`'s queries one by one: (prompt ids ending at the queried key, its value), what a server is asked."
+    w, rng = w or Words(), random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids, tg = recall_sample(w, rng, n_pairs, n_queries, far=True)
+        out += [(ids[:i + 1], t) for i, t in enumerate(tg) if t in w.vals]
+    return out
+
+def copy_prompts(w:Words|None=None, n:int=16, length:int=40, seed:int=4321)->list:
+    "Copy tasks as (prompt ids ending at ` =>`, the expected continuation: the `length` words, then `<|endoftext|>`)."
+    w, rng = w or Words(), random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids, _ = copy_sample(w, rng, length)
+        k = len(ids) - length - 1                                           # the copy starts after the arrow
+        out.append((ids[:k], ids[k:]))
+    return out
+
+@torch.no_grad()
+def copy_accuracy(model, w:Words|None=None, **kw)->float:
+    "Fraction of `copy_prompts(w, **kw)` the model copies whole, greedily (teacher-forced: every argmax right)."
+    tasks = copy_prompts(w, **kw)
+    ok = 0
+    for pi, ai in tasks:
+        logits, _ = model(torch.tensor([pi + ai], device=model.lm_head.weight.device))
+        ok += logits[0, len(pi) - 1:-1].argmax(-1).tolist() == ai
+    return ok / len(tasks)
 
 # %% ../nbs/06a_train.ipynb #09580b86
 from contextlib import contextmanager
@@ -271,20 +326,36 @@ def cli_train(argv:list|None=None)->int:
     ap.add_argument("--steps", type=int, default=2400); ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=256); ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the training loop (the schedule follows it)")
+    ap.add_argument("--recall-frac", type=float, default=0.4, help="fraction of rows that are recall tasks")
+    ap.add_argument("--copy-frac", type=float, default=0.15, help="fraction of rows that are copy tasks (the rest: facts)")
+    ap.add_argument("--all-queries", action="store_true", help="recall rows query every pair (default: 4-12 of them)")
+    ap.add_argument("--min-pairs", type=int, default=8, help="least pairs in a recall row")
+    ap.add_argument("--kda-chunk", type=int, default=8, help="KDA's chunk under autograd (a power of two; 32 on a GPU: fewer, larger kernels)")
+    ap.add_argument("--init", help="continue from this trained file (written by this command; checked against its .json record)")
     ap.add_argument("--seed", type=int, default=0); ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if out.exists() or Path(f"{out}.json").exists(): print(f"train: {out} (or its .json) exists; refusing to overwrite", file=sys.stderr); return 2
+    if a.kda_chunk < 1 or a.kda_chunk & (a.kda_chunk - 1): print(f"train: --kda-chunk must be a power of two, got {a.kda_chunk}", file=sys.stderr); return 2
     if a.steps < 1 or a.batch < 1 or a.seq < 128: print("train: --steps and --batch must be >= 1, --seq >= 128", file=sys.stderr); return 2
     t0 = time.perf_counter()
-    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s)
+    mix = {"recall": a.recall_frac, "copy": a.copy_frac, "all_queries": a.all_queries, "min_pairs": a.min_pairs}
+    if not (0 <= a.recall_frac and 0 <= a.copy_frac and a.recall_frac + a.copy_frac <= 1):
+        print("train: --recall-frac and --copy-frac must be >= 0 and sum to at most 1", file=sys.stderr); return 2
+    init = None
+    if a.init:
+        try: init = str(trained_file(a.init)[0])
+        except (OSError, ValueError) as e: print(f"train: --init: {e}", file=sys.stderr); return 2
+    try: make_batch(Words(), random.Random(0), 1, a.seq, **mix)
+    except ValueError as e: print(f"train: {e}", file=sys.stderr); return 2
+    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk)
     train_s = time.perf_counter() - t0
-    ev = {"facts": facts_accuracy(model), "recall": recall_accuracy(model)}
+    ev = {"facts": facts_accuracy(model), "recall": recall_accuracy(model), "copy": copy_accuracy(model)}
     print(json.dumps(ev))
     dev = torch.cuda.get_device_name() if str(a.device).startswith("cuda") else platform.processor() or "cpu"
     meta = {"command": " ".join(["python -m solar_open2.train", *(argv if argv is not None else sys.argv[1:])]),
             "device": dev, "torch": torch.__version__, "steps": hist[-1]["step"], "max_steps": a.steps, "budget_s": a.budget_s, "batch": a.batch, "seq": a.seq, "lr": a.lr,
-            "seed": a.seed, "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
+            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
     sha = save_trained(model, out, meta)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha}) after {train_s:.0f} s")
     return 0

@@ -1,6 +1,6 @@
 """The checkpoint chapter across chapters: the real checkpoint's key list, preflight per failure, the reader's
 errors, the tiny checkpoint's determinism across processes and its tokenizer through transformers."""
-import hashlib, json, shutil, subprocess, sys
+import hashlib, json, math, shutil, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -329,6 +329,27 @@ def test_trained_tiny_refuses_a_damaged_file(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="missing"): checkpoint.make_tiny(tmp_path / "out2", weights="trained")
 
 
+
+def test_make_tiny_from_a_trained_file_checks_its_record(tmp_path):
+    "weights=FILE (what `python -m solar_open2.train` writes): used when FILE.json's sha256 matches, refused otherwise."
+    import shutil, pytest
+    from solar_open2 import checkpoint
+    f = tmp_path / "mine.safetensors"
+    shutil.copyfile(checkpoint.TINY_TRAINED_FILE, f)
+    with pytest.raises(FileNotFoundError, match=r"mine\.safetensors\.json"): checkpoint.make_tiny(tmp_path / "a", weights=str(f))
+    (tmp_path / "mine.safetensors.json").write_text(json.dumps({"sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="sha256"): checkpoint.make_tiny(tmp_path / "b", weights=str(f))
+    (tmp_path / "mine.safetensors.json").write_text(json.dumps({"sha256": checkpoint.TINY_TRAINED_SHA256}))
+    d = checkpoint.make_tiny(tmp_path / "c", "bf16", weights=str(f))
+    rec = json.loads((d / "solar_open2_tiny.json").read_text())
+    assert rec["weights"] == "trained" and rec["sha256"] == checkpoint.TINY_TRAINED_SHA256
+    ref = checkpoint.make_tiny(tmp_path / "d", "bf16", weights="trained")
+    for sh in sorted(p.name for p in ref.glob("*.safetensors")):
+        assert (ref / sh).read_bytes() == (d / sh).read_bytes()
+    with pytest.raises(FileNotFoundError, match="one of"): checkpoint.make_tiny(tmp_path / "e", weights="traind")
+    assert not any((tmp_path / x).exists() for x in "abe")
+
+
 # --- issue 32.1: quantization targets resolved the way compressed-tensors resolves them -----------------------------
 
 @pytest.mark.parametrize("targets,ignore", [
@@ -376,3 +397,56 @@ def test_bf16_correction_bias_is_accepted_with_a_warning(tmp_path):
     m = SolarOpen2ForCausalLM.from_pretrained(d)
     b = m.model.layers[3].mlp.gate.e_score_correction_bias
     assert b.dtype == torch.float32 and torch.equal(b, want.float())
+
+
+def test_compressed_tensors_dequantization_is_theirs_bit_for_bit():
+    "32.3: a compressed-tensors weight dequantizes as compressed-tensors' own `_dequantize` does (scale / divisor)."
+    import torch
+    fh = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward_helpers")
+    from solar_open2.nvfp4 import E2M1_VALUES, GROUP_SIZE, from_checkpoint, quantize, to_checkpoint, unpack_codes
+    torch.manual_seed(3)
+    for amax_scale in (0.05, 0.37, 3.1):
+        q = quantize(torch.randn(64, 128) * amax_scale)
+        ct = to_checkpoint(q, "compressed-tensors")
+        vals = E2M1_VALUES[unpack_codes(q.packed).long()]                                # [64, 128] E2M1 values
+        theirs = fh._dequantize(vals, q.scale.float().repeat_interleave(GROUP_SIZE, 1), global_scale=ct["weight_global_scale"])
+        ours = from_checkpoint(ct, "compressed-tensors", "x").dequantize(torch.float32)
+        assert torch.equal(ours, theirs), (amax_scale, (ours != theirs).float().mean().item())
+
+
+def test_real_metadata_variant(tmp_path):
+    """32: the tiny checkpoint with the real files' metadata (regex targets and `ignore: [lm_head]`, EOS 2 in config.json
+    and [2, 129] in generation_config.json, global scales 448*6/amax): read strictly, dequantized as compressed-tensors
+    does, one model in every format, and the trained weights answer and stop at <|im:end|> from generation_config.json."""
+    import torch
+    from solar_open2 import chat, nvfp4
+    from solar_open2.checkpoint import TINY_FORMATS, make_tiny, quantization_problems, tiny_tokenizer
+    from solar_open2.config import SolarOpen2Config
+    from solar_open2.model import SolarOpen2ForCausalLM
+    ids = torch.tensor([[464, 3, 77, 12, 900, 5, 64, 1000]])
+    logits = {}
+    for f in TINY_FORMATS:
+        d = make_tiny(tmp_path / f, f, variant="real-metadata")
+        c = json.loads((d / "config.json").read_text())
+        assert c["eos_token_id"] == 2 and json.loads((d / "generation_config.json").read_text())["eos_token_id"] == [2, 129]
+        assert json.loads((d / "solar_open2_tiny.json").read_text())["variant"] == "real-metadata"
+        if f == "compressed-tensors":
+            q = c["quantization_config"]
+            assert q["ignore"] == ["lm_head"] and q["config_groups"]["group_0"]["targets"] == [r"re:.*mlp\.experts\..*"]
+            assert quantization_problems(q, f, SolarOpen2Config.tiny()) == []
+            from safetensors import safe_open
+            idx = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+            n = "model.layers.1.mlp.experts.3.down_proj.weight_global_scale"
+            with safe_open(str(d / idx[n]), "pt") as fh: g = fh.get_tensor(n)
+            assert g.item() != 2.0 ** round(math.log2(g.item()))                        # not a power of two
+        m = SolarOpen2ForCausalLM.from_pretrained(d)
+        assert m.generation_eos == [2, 129]
+        with torch.no_grad(): logits[f] = m(ids)[0]
+    assert torch.allclose(logits["modelopt"], logits["compressed-tensors"], atol=1e-4)    # divisor vs multiplier: last bits
+    rel = ((logits["bf16"] - logits["compressed-tensors"]).norm() / logits["compressed-tensors"].norm()).item()
+    assert rel < 1e-2, rel       # the twin rounds the dequantized experts to bf16 (exact only under power-of-two globals)
+    m = SolarOpen2ForCausalLM.from_pretrained(make_tiny(tmp_path / "trained", weights="trained", variant="real-metadata"))
+    tok = tiny_tokenizer()
+    prompt = tok.encode(chat.render_chat([{"role": "user", "content": "The capital of Japan is"}]), add_special_tokens=False).ids
+    g = m.generate(prompt, max_new_tokens=16)[0]
+    assert g.finish_reason == "stop" and g.tokens[-1] == 129 and "Tokyo" in tok.decode(g.tokens)

@@ -421,3 +421,15 @@ def test_stacked_kda_parameters_shard_block_by_block_at_tp2(tiny_dirs, monkeypat
     assert torch.equal(layer.qkvb_proj.weight.data, qkvb)
     assert torch.equal(layer.fg_a_proj.weight.data, torch.cat([W["f_a_proj.weight"], W["g_a_proj.weight"]]))   # replicated
     assert layer.get_state_shape()[0] == (3, 3 * P // 2)                        # the conv state: [q_r; k_r; v_r] channels
+
+
+def test_kda_gate_lower_bound_is_refused_naming_the_field(tiny_dirs, tmp_path):
+    "32.5: a config.json with kda_gate_lower_bound: the reference computes the bounded gate, the plugin refuses to build."
+    import json, shutil
+    d = tmp_path / "lb"; shutil.copytree(tiny_dirs["bf16"], d)
+    c = json.loads((d / "config.json").read_text()); c["kda_gate_lower_bound"] = -5.0
+    (d / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match="kda_gate_lower_bound=-5.0"): build_model(cpu_vllm_config(d))
+    from solar_open2.model import SolarOpen2ForCausalLM
+    ref = SolarOpen2ForCausalLM.from_pretrained(d)
+    assert {m.gate_lower_bound for m in ref.modules() if hasattr(m, "gate_lower_bound")} == {-5.0}

@@ -91,3 +91,19 @@ def test_additional_config_must_be_a_json_object(value, needle):
     r = subprocess.run([sys.executable, "-m", "benchmarks.engine.parity", "--additional-config", value],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 2 and needle in r.stderr and "--additional-config" in r.stderr
+
+
+def test_trained_weights_prompts_tasks_and_behaviour_gates():
+    "Trained weights: text prompts, the behaviour tasks (recall beyond one KDA chunk), and the gates that judge them."
+    from types import SimpleNamespace as NS
+    assert gp.prompts_for("random") == gp.prompts()
+    assert [len(p) for p in gp.prompts_for("trained")] == [16, 5, 110, 47, 200]
+    t = gp.behaviour_tasks()
+    assert [len(t[k]) for k in ("facts", "recall", "copy")] == [40, 256, 16]
+    assert all(len(x) == 1 for _, x in t["recall"]) and min(len(p) for p, _ in t["recall"]) > 64
+    assert all(len(x) == 41 for _, x in t["copy"])
+    a = NS(min_recall=0.95, min_facts=0.95, behaviour_drop=0.03)
+    ref = {"facts": 1.0, "recall": 0.99, "copy": 0.9}
+    assert gp.judge_behaviour("c", {"facts": 1.0, "recall": 0.97, "copy": 0.9}, ref, a) == []
+    f = gp.judge_behaviour("c", {"facts": 0.9, "recall": 0.5, "copy": 0.8}, ref, a)
+    assert sum("accuracy" in x for x in f) == 2 and any("copy 0.800 vs the fp32 reference's 0.900" in x for x in f), f

@@ -1,6 +1,7 @@
 """GPU parity of the vLLM plugin against the reference model, on the tiny checkpoints.
 
     python -m benchmarks.engine.parity [--cases FORMAT:MODE:DTYPE ...] [--tokens 64] [--noise-factor 2]
+                                       [--weights trained|random|FILE] [--min-recall 0.95]
                                        [--out DIR] [--name gpu_parity] [--workdir DIR] [--deadline-s 560]
 
 For each tiny checkpoint (`solar_open2.checkpoint.make_tiny`: Nota's NVFP4 compressed-tensors layout and its BF16
@@ -14,7 +15,12 @@ checkpoint and compares:
   reference's own greedy continuation is the same sequence, by induction); a mismatch where the reference's top-2
   margin is below `--tie-nats` is counted as a near-tie, not a failure;
 * logprobs: |vLLM logprob - reference log-softmax| for the chosen token and for vLLM's top-20 tokens at every position;
-* eager vs graphs: identical tokens and the logprob difference.
+* eager vs graphs: identical tokens and the logprob difference;
+* with trained weights (`--weights trained`, the default; `--weights random` gives the old token-id prompts): the
+  prompts are the training corpus's tasks (`text_prompts`), and each engine also answers `behaviour_tasks` greedily:
+  the 40 capitals in the chat template, 256 recall queries after 32 key-value pairs (each key 40+ tokens back, beyond
+  one KDA chunk), 16 copies of 40 words. Gates: recall >= --min-recall (0.95), facts >= --min-facts (0.95), no task
+  more than --behaviour-drop (0.03) below the fp32 reference's teacher-forced score (copying is otherwise only reported).
 
 Pass: every vLLM token is the reference's argmax (near-ties excepted); fp32 cases: top-20 max |dlogprob| <=
 --logprob-tol (default 0.1 nats) and mean <= --logprob-mean-tol (0.05; measured 0.016, TF32 in the Triton kernels is
@@ -53,6 +59,37 @@ def prompts(vocab: int = 1024, first: int = 142) -> list:
     return out
 
 
+def text_prompts() -> list:
+    """Five prompts for trained weights (chapter `train`'s tasks, 5 to 200 tokens): a capital in the chat template, a
+    capital as a sentence, a recall query after 32 pairs, a copy of 40 words, the tokenizer corpus's first 200 tokens."""
+    from solar_open2.checkpoint import TINY_CORPUS
+    from solar_open2.train import Words, copy_prompts, facts_pairs, recall_queries
+    w = Words()
+    return [w.enc(facts_pairs(True)[0][0]), w.enc(facts_pairs(False)[1][0]), recall_queries(w, n=1)[0][0],
+            copy_prompts(w, n=1)[0][0], w.enc(TINY_CORPUS)[:200]]
+
+
+def prompts_for(weights: str) -> list:
+    "The parity prompts: token-id sequences for the random weights (`prompts`), the corpus's tasks for trained ones."
+    return prompts() if weights == "random" else text_prompts()
+
+
+def behaviour_tasks() -> dict:
+    """What trained weights must do, as (prompt ids, expected ids) per task, for greedy decoding: the 40 capitals in
+    the chat template, the 256 recall queries of `train.recall_accuracy` (after 32 pairs, key 40+ tokens back, one token
+    each), 16 copies of 40 words (41 decoded tokens each)."""
+    from solar_open2.train import Words, copy_prompts, encode_pair, facts_pairs, recall_queries
+    w = Words()
+    return {"facts": [encode_pair(w, p, a) for p, a in facts_pairs(True)],
+            "recall": [(p, [v]) for p, v in recall_queries(w)], "copy": copy_prompts(w)}
+
+
+def behaviour_reference(m) -> dict:
+    "The reference model's scores on `behaviour_tasks` (teacher-forced, i.e. exactly what greedy decoding prints)."
+    from solar_open2.train import copy_accuracy, facts_accuracy, recall_accuracy
+    return {"facts": facts_accuracy(m)["chat"], "recall": recall_accuracy(m)["accuracy"], "copy": copy_accuracy(m)}
+
+
 def plugin_entry_point() -> bool:
     return any(ep.value == "solar_open2.vllm:register"
                for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
@@ -71,7 +108,7 @@ def entry_point_shim(root: Path) -> Path:
 
 def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
              moe_backend: str = "auto", gemv_probe: bool = False, gpu_memory_utilization: float = 0.3,
-             kv_cache_memory_bytes: int | None = None) -> dict:
+             kv_cache_memory_bytes: int | None = None, weights: str = "random", behaviour: bool = False) -> dict:
     """Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs.
     A fixed `kv_cache_memory_bytes` skips vLLM's memory profiling, which other engines on the same GPU would upset."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
@@ -99,13 +136,19 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
                         "topk": [{int(i): float(x.logprob) for i, x in lp.items()} for lp in c.logprobs]})
         return res
 
-    ps = prompts()
+    ps = prompts_for(weights)
     t = time.perf_counter()
     single = [gen([p])[0] for p in ps]
     t_single = time.perf_counter() - t
     batched = gen(ps)
+    beh = {}
+    if behaviour:                                            # each task's prompts in one call, greedy, as long as the answers
+        for task, items in behaviour_tasks().items():
+            sps = [SamplingParams(temperature=0.0, max_tokens=len(a), ignore_eos=True, detokenize=False) for _, a in items]
+            outs = llm.generate([{"prompt_token_ids": p} for p, _ in items], sps, use_tqdm=False)
+            beh[task] = [list(o.outputs[0].token_ids) for o in outs]
     cfg = llm.llm_engine.vllm_config
-    return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched, "dtype": dtype,
+    return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched, "dtype": dtype, "behaviour": beh,
             "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
             "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config,
             "moe_backend": cfg.kernel_config.moe_backend, "architecture": cfg.model_config.architecture}
@@ -168,7 +211,7 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 def child_main(a) -> int:
     res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe,
-                   a.gpu_memory_utilization, a.kv_cache_memory_bytes)
+                   a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random")
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -203,12 +246,25 @@ def judge(case: str, dtype: str, cmps: list, a) -> list:
     return fails
 
 
+def judge_behaviour(case: str, beh: dict, ref: dict, a) -> list:
+    """Failure lines for the trained weights' behaviour through vLLM: recall and facts at least --min-recall /
+    --min-facts (copying is reported, not gated), and none more than --behaviour-drop below the reference's score."""
+    fails = []
+    for task, floor in (("recall", a.min_recall), ("facts", a.min_facts)):
+        if beh[task] < floor: fails.append(f"{case}: {task} accuracy {beh[task]:.3f} < {floor}")
+    for task, v in beh.items():
+        if v < ref[task] - a.behaviour_drop: fails.append(f"{case}: {task} {v:.3f} vs the fp32 reference's {ref[task]:.3f}")
+    return fails
+
+
 def judge_run(key: str, r: dict, a) -> list:
     """Failure lines for one entry of `report["runs"]`: a case (`FORMAT:MODE:DTYPE`, its single and batched
     comparisons) or an `...:eager_vs_graphs` record (identical tokens required)."""
     if "single" in r:
         dtype = key.split(":")[2]
-        return judge(key, dtype, r["single"], a) + judge(key + " (batched)", dtype, r["batched"], a)
+        fails = judge(key, dtype, r["single"], a) + judge(key + " (batched)", dtype, r["batched"], a)
+        if r.get("behaviour"): fails += judge_behaviour(key, r["behaviour"], r["behaviour_reference"], a)
+        return fails
     same = r.get("same_tokens", [])
     return [] if all(same) else [f"{key}: eager and CUDA graphs differ in tokens for prompts {[i for i, x in enumerate(same) if not x]}"]
 
@@ -218,8 +274,9 @@ def rejudge(a) -> int:
     the failures found at run time are kept as `failures_at_run` with the thresholds then in force."""
     rep = json.loads(Path(a.rejudge).read_text())
     rep["rejudged_from"] = {"file": Path(a.rejudge).name, "failures_at_run": rep.get("failures", []),
-                            "thresholds_at_run": {k: rep.get(k) for k in ("logprob_tol", "logprob_mean_tol", "noise_factor", "tie_nats")}}
-    rep.update(logprob_tol=a.logprob_tol, logprob_mean_tol=a.logprob_mean_tol, noise_factor=a.noise_factor)
+                            "thresholds_at_run": {k: rep.get(k) for k in ("logprob_tol", "logprob_mean_tol", "noise_factor", "tie_nats", "min_recall", "min_facts", "behaviour_drop")}}
+    rep.update(logprob_tol=a.logprob_tol, logprob_mean_tol=a.logprob_mean_tol, noise_factor=a.noise_factor,
+               min_recall=a.min_recall, min_facts=a.min_facts, behaviour_drop=a.behaviour_drop)
     fails = [f for f in rep.get("failures", []) if "vLLM run failed" in f or "not run" in f or "splitting ops" in f]
     for key, r in rep["runs"].items(): fails += judge_run(key, r, a)
     rep["failures"], rep["passed"] = fails, not fails
@@ -239,6 +296,12 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--rejudge", metavar="JSON", help="re-apply the checks (current thresholds) to a saved report; no GPU")
     ap.add_argument("--noise-factor", type=float, default=2.0, help="bf16 cases: allowed multiple of the bf16 reference's deviation")
     ap.add_argument("--tie-nats", type=float, default=0.05)
+    ap.add_argument("--weights", default="trained", metavar="{trained,random,FILE}",
+                    help="the tiny checkpoints' weights (solar_open2.checkpoint.make_tiny): trained (default: text prompts and "
+                         "the behaviour tasks too), random (token-id prompts), or a FILE.safetensors from `python -m solar_open2.train`")
+    ap.add_argument("--min-recall", type=float, default=0.95, help="trained weights: least recall accuracy through vLLM")
+    ap.add_argument("--min-facts", type=float, default=0.95, help="trained weights: least fraction of the 40 capitals (chat template)")
+    ap.add_argument("--behaviour-drop", type=float, default=0.03, help="trained weights: most a task's score may fall below the fp32 reference's")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(INCOMING))
     ap.add_argument("--name", default="gpu_parity", help="name of the JSON report (and prefix of the logs)")
     ap.add_argument("--workdir", default=None, help="where the tiny checkpoints are written (default: a temp dir)")
@@ -273,7 +336,10 @@ def main(argv: list | None = None) -> int:
     t_start = time.time()
     if not torch.cuda.is_available():
         print("gpu_parity: no CUDA device", file=sys.stderr); return 2
-    from solar_open2.checkpoint import make_tiny
+    from solar_open2.checkpoint import make_tiny, trained_file
+    if a.weights != "random":
+        try: w_file, w_sha = trained_file(a.weights)
+        except (OSError, ValueError) as e: ap.error(f"--weights: {e}")
     work = Path(a.workdir or tempfile.mkdtemp(prefix="solar_parity_"))
     installed = plugin_entry_point()
     paths = [str(ROOT)] + ([] if installed else [str(entry_point_shim(work / "shim"))])
@@ -284,15 +350,18 @@ def main(argv: list | None = None) -> int:
               "additional_config": a.ac, "moe_backend": a.moe_backend, "gemv_probe": a.gemv_probe,
               "versions": {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()},
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
-              "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats, "runs": {}, "failures": []}
-    ps = prompts(); refs = {}; done = {}
+              "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats,
+              "weights": "random" if a.weights == "random" else {"arg": a.weights, "file": str(w_file), "sha256": w_sha},
+              "min_recall": a.min_recall, "min_facts": a.min_facts, "behaviour_drop": a.behaviour_drop, "runs": {}, "failures": [],
+              "reference_behaviour": {}}
+    ps = prompts_for(a.weights); refs = {}; done = {}
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for fmt, mode, dtype in cases:
         case = f"{fmt}:{mode}:{dtype}"
         if time.time() - t_start > a.deadline_s:
             report["failures"].append(f"{case}: not run (deadline)"); continue
         ck = work / f"tiny_{fmt.replace('-', '_')}"
-        if not (ck / "config.json").exists(): make_tiny(ck, format=fmt)
+        if not (ck / "config.json").exists(): make_tiny(ck, format=fmt, weights=a.weights)
         outf = work / f"vllm_{fmt}_{mode}_{dtype}.json"
         t = time.time()
         try:
@@ -302,7 +371,7 @@ def main(argv: list | None = None) -> int:
                                + (["--gemv-probe"] if a.gemv_probe else [])
                                + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
                                + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
-                               + ["--moe-backend", a.moe_backend], env=env, cwd=ROOT,
+                               + ["--moe-backend", a.moe_backend, "--weights", a.weights], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:
             txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
@@ -317,6 +386,8 @@ def main(argv: list | None = None) -> int:
         except Exception as e:
             report["failures"].append(f"{fmt}: reference model failed to load: {type(e).__name__}: {e}"); continue
         m32, m16 = refs[fmt]
+        if res.get("behaviour") and fmt not in report["reference_behaviour"]:
+            report["reference_behaviour"][fmt] = behaviour_reference(m32)
         m16_ = m16 if dtype == "bfloat16" else None
         single = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["single"])]
         batched = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["batched"])]
@@ -325,6 +396,10 @@ def main(argv: list | None = None) -> int:
         rec.update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
                     "single": single, "batched": batched, "batched_equals_single": same_batched,
                     "tokens": [g["tokens"] for g in res["single"]]})
+        if res.get("behaviour"):
+            tasks = behaviour_tasks()
+            rec["behaviour"] = {t: sum(g[:len(x)] == x for g, (_, x) in zip(res["behaviour"][t], tasks[t])) / len(tasks[t]) for t in tasks}
+            rec["behaviour_reference"] = report["reference_behaviour"][fmt]
         report["failures"] += judge_run(case, rec, a)
         if mode == "graphs" and not rec["kda_op_splits_graphs"]:
             report["failures"].append(f"{case}: the KDA op is not among the CUDA-graph splitting ops")
@@ -352,6 +427,7 @@ def main(argv: list | None = None) -> int:
                          "max_dlogprob": round(max(c["max_abs_dlogprob"] for c in r["single"]), 4),
                          "mean_dlogprob": round(sum(c["mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4),
                          "min_top2_margin": round(min(c["min_top2_margin"] for c in r["single"]), 3)}
+        if r.get("behaviour"): summary[case]["behaviour"] = {t: round(v, 3) for t, v in r["behaviour"].items()}
         if "topk_mean_abs_dlogprob" in r["single"][0]:
             summary[case]["topk_max_dlogprob"] = round(max(c["topk_max_abs_dlogprob"] for c in r["single"]), 4)
             summary[case]["topk_mean_dlogprob"] = round(sum(c["topk_mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4)

@@ -216,6 +216,10 @@ class SolarOpen2KDA(nn.Module, MambaBase):
         self.num_heads, self.head_dim, self.conv_size = H, D, K
         self.local_heads = divide(H, self.tp_size)
         self.allow_neg_eigval, self.full_proj = config.kda_allow_neg_eigval, config.kda_use_full_proj
+        if config.kda_gate_lower_bound is not None:   # the reference honours it (chapter kda); vLLM's fused gate kernels have no such form
+            raise ValueError(f"{prefix}: config.json sets kda_gate_lower_bound={config.kda_gate_lower_bound}; the plugin's KDA "
+                             "kernels (vLLM's fused gate) compute only the released gate -exp(A_log)*softplus(f + dt_bias): "
+                             "refusing to serve a different decay (the reference model, solar_open2.model, runs it)")
         P, qc = H * D, vllm_config.quant_config
         self.fused = fused                                                    # default: qkvb_proj, fg_a_proj (see above)
         col = lambda n_in, n_out, name: ColumnParallelLinear(n_in, n_out, bias=False, quant_config=qc, prefix=f"{prefix}.{name}")
