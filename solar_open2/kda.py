@@ -15,8 +15,8 @@ from .config import SolarOpen2Config, LINEAR
 
 # %% auto #0
 __all__ = ['CHUNK_SIZE', 'l2norm', 'kda_recurrent', 'random_kda_inputs', 'rel_rms', 'kda_beta', 'kda_gate', 'kda_chunked',
-           'kda_chunked_autograd', 'short_conv', 'GatedRMSNorm', 'KDAState', 'KDALayer', 'kda_layer_stats',
-           'kda_layer_report', 'format_kda_report']
+           'kda_chunked_autograd', 'short_conv', 'GatedRMSNorm', 'KDAState', 'KDALayer', 'kda_verify',
+           'short_conv_verify', 'KDAVerify', 'kda_layer_stats', 'kda_layer_report', 'format_kda_report']
 
 # %% ../nbs/02_kda.ipynb #085ba94d
 def l2norm(x:torch.Tensor, # [..., d]
@@ -413,6 +413,81 @@ def _kda_forward(self:KDALayer, x:torch.Tensor, # [B, T, hidden] the normed laye
 KDALayer._forget_logits = _forget_logits
 KDALayer._gate_logits = _gate_logits
 KDALayer.forward = _kda_forward
+
+# %% ../nbs/02_kda.ipynb #6c4689c4
+def kda_verify(q:torch.Tensor, # [B, T, H, K] queries of the last accepted token and the T-1 drafts
+               k:torch.Tensor, # [B, T, H, K] keys
+               v:torch.Tensor, # [B, T, H, V] values
+               g:torch.Tensor, # [B, T, H, K] natural-log decay (<= 0), already activated
+               beta:torch.Tensor, # [B, T, H] write strength
+               scale:float|None=None, # query scale, default K**-0.5
+               initial_state:torch.Tensor|None=None, # [B, H, K, V] the state before the step
+               *, use_qk_l2norm_in_kernel:bool=False, # L2-normalise q and k first
+              )->tuple: # (o [B, T, H, V] in v's dtype, states [B, T, H, K, V] fp32: the state after each token)
+    "The multi-token verify: `kda_recurrent` over T tokens, returning the state after every token (accept j drafts = `states[:, j]`)."
+    B, T, H, K, V = _check_core(q, k, v, g, beta, initial_state)
+    S = initial_state
+    outs, states = [], []
+    for t in range(T):
+        o, S = kda_recurrent(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], scale, S, True,
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)   # o [B, 1, H, V], S [B, H, K, V]
+        outs.append(o); states.append(S)
+    if T == 0: return v.new_empty(B, 0, H, V), q.new_empty(B, 0, H, K, V, dtype=torch.float32)
+    return torch.cat(outs, 1), torch.stack(states, 1)                           # [B, T, H, V], [B, T, H, K, V]
+
+# %% ../nbs/02_kda.ipynb #dbdea8e3
+def short_conv_verify(x:torch.Tensor, # [B, T, C] pre-conv inputs of the T verified tokens
+                      weight:torch.Tensor, # [C, 1, K] depthwise filters
+                      state:torch.Tensor|None=None, # [B, C, K-1] the window before the step (zeros if None)
+                     )->tuple: # (SiLU(conv) [B, T, C], windows [B, T, C, K-1]: the conv state after each token)
+    "`short_conv` over T tokens, returning the conv state after every token (accept j drafts = `windows[:, j]`)."
+    y, _ = short_conv(x, weight, state)                                       # [B, T, C], checks the shapes
+    B, T, C = x.shape
+    K = weight.shape[-1]
+    if state is None: state = x.new_zeros(B, C, K - 1)
+    row = torch.cat([state.to(x.dtype), x.transpose(1, 2)], -1)              # [B, C, K-1+T]: c_0, then the new inputs
+    windows = row.unfold(-1, K - 1, 1)[:, :, 1:]                              # [B, C, T, K-1]: slice [t, t+K-1) for t = 1..T
+    return y, windows.transpose(1, 2).contiguous()                            # [B, T, C, K-1]
+
+# %% ../nbs/02_kda.ipynb #b347ab24
+@dataclass
+class KDAVerify:
+    "The states of one KDA layer after each of the T verified tokens."
+    conv: torch.Tensor       # [B, T, 3*H*D, K-1] the conv window after each token
+    recurrent: torch.Tensor  # [B, T, H, D, D] fp32, the recurrent state after each token
+
+    def accept(self, j:int|torch.Tensor, # accepted drafts: an int in 0..T-1, or [B] one per sequence
+              )->KDAState: # the state after j + 1 tokens
+        "The carried state after `j` accepted drafts, what j + 1 sequential decode steps leave."
+        B, T = self.recurrent.shape[:2]
+        j = torch.full((B,), j, dtype=torch.long) if isinstance(j, int) else j.long().reshape(-1).cpu()
+        if j.shape != (B,) or int(j.min()) < 0 or int(j.max()) >= T:
+            raise ValueError(f"KDAVerify.accept: j must be in 0..{T - 1} (one per sequence or one for all {B}), got {j.tolist()}")
+        b = torch.arange(B)
+        return KDAState(self.conv[b, j].clone(), self.recurrent[b, j].clone())  # [B, 3*H*D, K-1], [B, H, D, D]
+
+# %% ../nbs/02_kda.ipynb #b6bee170
+def _kda_verify(self:KDALayer, x:torch.Tensor, # [B, T, hidden] the normed inputs of the last accepted token and T-1 drafts
+                state:KDAState|None=None, # the carried state before the step; None = fresh sequences
+               )->tuple: # (y [B, T, hidden], KDAVerify)
+    "The layer over T tokens from `state`, keeping the conv and recurrent states after every token."
+    if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+        raise ValueError(f"KDALayer.verify: x must be [B, T, {self.hidden_size}], got shape {tuple(x.shape)}")
+    B, T, _ = x.shape
+    H, D, P = self.num_heads, self.head_dim, self.dim
+    if state is None: state = KDAState.zeros(self.cfg, B, dtype=x.dtype, device=x.device)
+    cq, ck, cv = state.conv.chunk(3, dim=1)                                   # 3 x [B, P, K-1]
+    (q, wq), (k, wk), (v, wv) = (short_conv_verify(proj(x), conv.weight, c) for proj, conv, c in
+                                 ((self.q_proj, self.q_conv1d, cq), (self.k_proj, self.k_conv1d, ck), (self.v_proj, self.v_conv1d, cv)))
+    q, k, v = (t.view(B, T, H, D) for t in (q, k, v))                          # [B, T, P] -> [B, T, H, D]
+    g = kda_gate(self._forget_logits(x), self.A_log, self.dt_bias, self.gate_lower_bound)   # [B, T, H, D] fp32
+    beta = kda_beta(self.b_proj(x), self.allow_neg_eigval)                    # [B, T, H] fp32
+    o, S = kda_verify(l2norm(q), l2norm(k), v, g, beta, scale=D ** -0.5, initial_state=state.recurrent)  # [B, T, H, D], [B, T, H, D, D]
+    o = self.o_norm(o, self._gate_logits(x).view(B, T, H, D))                 # [B, T, H, D]
+    y = self.o_proj(o.reshape(B, T, P))                                       # [B, T, H*D] -> [B, T, hidden]
+    return y, KDAVerify(torch.cat([wq, wk, wv], 2), S)                        # conv [B, T, 3P, K-1] in [q; k; v] order
+
+KDALayer.verify = _kda_verify
 
 # %% ../nbs/02_kda.ipynb #5b8b8338
 _QS = (0.01, 0.1, 0.5, 0.9, 0.99)
