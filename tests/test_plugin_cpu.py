@@ -390,14 +390,31 @@ def test_kda_reference_chapter_agrees(kda_bench):
     assert (got - y[0].float()).abs().max().item() < 2e-2 * y.abs().max().item()   # bf16 projections vs fp32: ~0.5%
 
 
-def test_speculative_decoding_is_refused(tiny_dirs):
+@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "eagle3", "dspark"])
+def test_speculative_methods_the_model_cannot_run_are_refused(tiny_dirs, method):
     from solar_open2.vllm.config import SolarOpen2ConfigHook
     from solar_open2.vllm.model import SolarOpen2ForCausalLM
-    spec = SimpleNamespace(speculative_config=object())
-    with pytest.raises(NotImplementedError, match="speculative decoding is not supported"):
+    spec = SimpleNamespace(speculative_config=SimpleNamespace(method=method, num_speculative_tokens=3))
+    with pytest.raises(NotImplementedError, match=f"speculative method '{method}' is not supported"):
         SolarOpen2ConfigHook.verify_and_update_config(spec)
-    with pytest.raises(NotImplementedError, match="speculative decoding is not supported"):
+    with pytest.raises(NotImplementedError, match=f"speculative method '{method}' is not supported"):
         SolarOpen2ForCausalLM(vllm_config=spec)
+
+
+def test_ngram_speculation_builds_the_model_with_widened_conv_state(tiny_dirs):
+    "An ngram speculative config passes the hook and builds the model; its KDA conv state has K-1+k columns, as the budget counts."
+    from solar_open2.budget import kda_state_shapes
+    from solar_open2.vllm.config import SolarOpen2ConfigHook
+    from solar_open2.vllm.model import SolarOpen2ForCausalLM as M
+    from solar_open2.vllm.testing import spec_vllm_config
+    vc = spec_vllm_config(tiny_dirs["bf16"], 3, dtype="bfloat16")
+    SolarOpen2ConfigHook.verify_and_update_config(vc)
+    model = build_model(vc)
+    layer = model.model.layers[1].self_attn
+    shapes = layer.get_state_shape()
+    assert sorted(shapes[0]) == sorted((3 * 512, 3 + 3)) and shapes[1] == (4, 128, 128)
+    assert tuple(map(tuple, M.get_mamba_state_shape_from_config(vc))) == tuple(map(tuple, shapes))
+    assert tuple(map(tuple, shapes)) == tuple(map(tuple, kda_state_shapes(TINY, 1, 3)))
 
 
 @pytest.mark.parametrize("rank", (0, 1))
@@ -433,3 +450,99 @@ def test_kda_gate_lower_bound_is_refused_naming_the_field(tiny_dirs, tmp_path):
     from solar_open2.model import SolarOpen2ForCausalLM
     ref = SolarOpen2ForCausalLM.from_pretrained(d)
     assert {m.gate_lower_bound for m in ref.modules() if hasattr(m, "gate_lower_bound")} == {-5.0}
+
+
+# --- speculative decoding: verify N draft tokens, accept j (issue 27) -----------------------------------------
+
+@pytest.fixture(scope="module")
+def spec_bench():
+    "The KDA layer (fp32, torch kernels) in an engine with an ngram speculative config of 3 draft tokens, and the reference layer."
+    from solar_open2.kda import KDALayer
+    from solar_open2.vllm.testing import spec_vllm_config
+    from vllm.config import SchedulerConfig
+    d = tiny_checkpoint("bf16")
+    vc = spec_vllm_config(d, 3, scheduler_config=SchedulerConfig(max_model_len=TINY.max_position_embeddings, is_encoder_decoder=False,
+                                                                max_num_batched_tokens=130, max_num_seqs=4, enable_chunked_prefill=True))
+    W = {k.removeprefix("model.layers.1.self_attn."): v for k, v in checkpoint_tensors(d).items() if k.startswith("model.layers.1.self_attn.")}
+    ref = KDALayer(TINY, 1); ref.load_state_dict(W); ref.core = "recurrent"
+    return SimpleNamespace(vc=vc, W=W, ref=ref, n=iter(range(100, 200)))
+
+
+def _spec_state(layer, conv_slot, rec_slot, offset):
+    "A slot's state as the reference's KDAState: conv columns [offset, offset+K-1) of `conv_slot`, recurrent `rec_slot` as [1, H, K, V]."
+    from solar_open2.kda import KDAState
+    conv, rec = layer.conv_states()                                           # [slots, 3P, K-1+k], [slots, H, V, K]
+    return KDAState(conv[conv_slot:conv_slot + 1, :, offset:offset + TINY.kda_conv_size - 1].clone(),
+                    rec[rec_slot][None].transpose(-1, -2).clone())
+
+
+def _ref_steps(ref, x, st=None, one_by_one=True):
+    "The reference layer over x [T, hidden] from `st`: token by token (decode steps) or as one prefill; (y [T, hidden], state)."
+    if not one_by_one:
+        y, st = ref(x[None], st); return y[0], st
+    ys = []
+    for t in range(x.shape[0]):
+        y, st = ref(x[None, t:t + 1], st); ys.append(y[0])
+    return torch.cat(ys), st
+
+
+@pytest.mark.parametrize("j", [0, 1, 2, 3])
+def test_spec_verify_in_a_mixed_batch_equals_sequential_decode(spec_bench, j):
+    """One engine step holding a verify of 1+3 tokens resumed after j accepted drafts (A), a one-token verify (D: no
+    drafts this step), a new prefill (B) and a continued prefill (C), metadata from vLLM's own builder: every output and
+    every state equals the reference layer decoding A's and D's tokens one by one and prefilling B and C (fp32, <= 1e-5);
+    A's per-token states equal the reference's `KDALayer.verify`."""
+    from solar_open2.kda import rel_rms
+    from solar_open2.vllm.testing import gdn_step
+    b, ref = spec_bench, spec_bench.ref
+    layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", slots=17)
+    run = lambda x, md: run_layer(layer, x, md, b.vc)
+    close = lambda a, c: rel_rms(a, c) <= 1e-5
+    A, D, B, C = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]
+    torch.manual_seed(10 + j)
+    xa, xd, xb, xc = torch.randn(5 + 4 + 4, 256), torch.randn(4 + 1, 256), torch.randn(6, 256), torch.randn(3 + 4, 256)
+    with torch.no_grad():
+        run(torch.cat([xa[:5], xd[:4], xc[:3]]), gdn_step(b.vc, [5, 4, 3], [0, 0, 0], [A, D, C]))           # three prefills, a plain step
+        run(xa[5:9], gdn_step(b.vc, [4], [5], [A], drafts=[3], num_accepted=[1]))                      # A verifies 1+3
+        x = torch.cat([xa[9:13], xd[4:5], xb, xc[3:]])                                                   # A, D verify; B, C prefill
+        md = gdn_step(b.vc, [4, 1, 6, 4], [6 + j, 4, 0, 3], [A, D, B, C], drafts=[3, 0, -1, -1], num_accepted=[j + 1, 1, 1, 1])
+        assert (md.num_spec_decodes, md.num_prefills, md.num_decodes) == (2, 2, 0)
+        y = run(x, md)
+        ya, sa = _ref_steps(ref, xa[:5], None, False)
+        ya, sa = _ref_steps(ref, xa[5:6 + j], sa)                                  # the last step's accepted tokens
+        yv, ver = ref.verify(xa[None, 9:13], sa)
+        ya, sa = _ref_steps(ref, xa[9:13], sa)
+        yd, sd = _ref_steps(ref, xd[:4], None, False); yd, sd = _ref_steps(ref, xd[4:5], sd)
+        yb, sb = _ref_steps(ref, xb, None, False)
+        yc, sc = _ref_steps(ref, xc[:3], None, False); yc, sc = _ref_steps(ref, xc[3:], sc, False)
+        want = torch.cat([ya, yd, yb, yc])
+        assert close(y, want), rel_rms(y, want)
+        assert close(y[:4], yv[0])
+        for t in range(4):                                                        # A: every token's state in its slot
+            got = _spec_state(layer, A[0], A[t], t)
+            assert close(got.recurrent, ver.recurrent[:, t]) and close(got.conv, ver.conv[:, t]), t
+        for got, st in ((_spec_state(layer, A[0], A[3], 3), sa), (_spec_state(layer, D[0], D[0], 0), sd),
+                        (_spec_state(layer, B[0], B[0], 0), sb), (_spec_state(layer, C[0], C[0], 0), sc)):
+            assert close(got.recurrent, st.recurrent) and close(got.conv, st.conv)
+        # teeth: had the layer resumed after one accepted draft more or less, its outputs would be far off
+        _, s_pre = _ref_steps(ref, xa[:5], None, False)
+        for other in {max(j - 1, 0), min(j + 1, 3)} - {j}:
+            _, s_other = _ref_steps(ref, xa[5:6 + other], s_pre)
+            assert rel_rms(ref.verify(xa[None, 9:13], s_other)[0][0], y[:4]) > 1e-3, other
+
+
+def test_spec_verify_through_the_recording_kernels(spec_bench):
+    "A pure verify step calls the conv update and the recurrent kernel with the spec metadata, the gate once, and no prefill kernel."
+    from solar_open2.vllm.testing import gdn_step
+    b = spec_bench
+    rec = RecordingKernels()
+    layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", kernels=rec, slots=9)
+    x = torch.randn(8, 256)
+    run_layer(layer, x[:4], gdn_step(b.vc, [4], [0], [[1, 2, 3, 4]]), b.vc)
+    rec.calls.clear()
+    run_layer(layer, x[4:8], gdn_step(b.vc, [3, 1], [4, 4], [[1, 2, 3, 4], [5, 6, 7, 8]], drafts=[2, 0], num_accepted=[1, 1]), b.vc)
+    assert rec.slots() == ["conv_decode", "gate", "recurrent"]
+    conv_kw, rec_kw = rec.calls[0][2], rec.calls[2][2]
+    assert conv_kw["conv_state_indices"].tolist() == [1, 5] and conv_kw["query_start_loc"].tolist() == [0, 3, 4]
+    assert conv_kw["num_accepted_tokens"].tolist() == [1, 1] and conv_kw["max_query_len"] == 4
+    assert rec_kw["ssm_state_indices"].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]] and rec_kw["cu_seqlens"].tolist() == [0, 3, 4]

@@ -172,10 +172,14 @@ def test_the_kda_kernels_take_every_keyword_the_layer_passes():
              "chunk": fla("chunk_kda_with_fused_gate"), "gate": fla("fused_kda_gate"), "recurrent": fla("fused_recurrent_kda")}
     used = _kernel_keywords()
     assert set(used) == {f.name for f in dataclasses.fields(KDAKernels)} - {"name"} == set(homes), used
+    spec_only = {"recurrent": {"num_accepted_tokens"}}   # `fused_recurrent_kda_spec` hands a verify to `fused_recurrent_kda_fwd`
     for field, kws in used.items():
         params = _defined_params(*homes[field])
-        assert kws <= set(params), f"vLLM {vllm.__version__}: {homes[field][1]} lacks {sorted(kws - set(params))}"
+        plain = kws - spec_only.get(field, set())
+        assert plain <= set(params), f"vLLM {vllm.__version__}: {homes[field][1]} lacks {sorted(plain - set(params))}"
         if "lower_bound" in params: assert params["lower_bound"] == "None", (field, params["lower_bound"])
+    fwd = _defined_params(homes["recurrent"][0], "fused_recurrent_kda_fwd")
+    assert used["recurrent"] <= set(fwd) and "num_accepted_tokens" in used["recurrent"], sorted(used["recurrent"] - set(fwd))
 
 
 def _tiny_kda_layer():

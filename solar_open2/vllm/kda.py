@@ -4,7 +4,7 @@
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #358dd449
 from __future__ import annotations
-import contextlib, os
+import contextlib, os, sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,9 +28,9 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..config import SolarOpen2Config
-from ..kda import kda_beta, kda_gate, kda_recurrent, short_conv
+from ..kda import kda_beta, kda_gate, kda_recurrent, kda_verify, short_conv, short_conv_verify
 from . import KDA_DECODE_LR_OP_NAME, KDA_DECODE_OP_NAME, KDA_OP_NAME
-from .config import SPEC_DECODE_ERROR, refuse_speculative, solar_config_of
+from .config import refuse_speculative, solar_config_of
 from .linear import pair_apply
 from .ops import interpreting
 from .ops.kda_decode import MAX_DECODE_SEQS, kda_decode_lr_triton, kda_decode_triton
@@ -38,12 +38,12 @@ from .ops.kda_gates import kda_gates
 from .options import Options
 
 # %% auto #0
-__all__ = ['KDA_FUSED', 'KDA_CONV', 'KDA_GATES_OP_NAME', 'KDAKernels', 'triton_kernels', 'kda_gate_torch',
-           'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
-           'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'kda_state_shape', 'kda_state_dtype',
-           'kda_state_copy_func', 'warmup_tokens', 'kda_fused_target', 'load_kda_tensor', 'SolarOpen2KDA',
-           'kda_decode_unfused', 'stable_triton_cache', 'decode_kernel_runs', 'decode_slots', 'kda_decode_forward',
-           'kda_decode_lr_forward', 'apply_kda']
+__all__ = ['KDA_FUSED', 'KDA_CONV', 'KDA_GATES_OP_NAME', 'KDAKernels', 'triton_kernels', 'fused_recurrent_kda_spec',
+           'kda_gate_torch', 'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
+           'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'num_spec_tokens', 'kda_state_slot_shape',
+           'kda_state_shape', 'kda_state_dtype', 'kda_state_copy_func', 'warmup_tokens', 'kda_fused_target',
+           'load_kda_tensor', 'SolarOpen2KDA', 'kda_decode_unfused', 'stable_triton_cache', 'decode_kernel_runs',
+           'decode_slots', 'kda_decode_forward', 'kda_decode_lr_forward', 'apply_kda']
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #c437e688
 @dataclass(frozen=True)
@@ -61,7 +61,21 @@ def triton_kernels()->KDAKernels:
     from solar_open2.vllm.compat import chunk_kda_with_fused_gate, fused_kda_gate, fused_recurrent_kda
     from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
     return KDAKernels("triton", causal_conv1d_fn, causal_conv1d_update, chunk_kda_with_fused_gate, fused_kda_gate,
-                      fused_recurrent_kda)
+                      fused_recurrent_kda_spec)
+
+def fused_recurrent_kda_spec(q, k, v, g, beta=None, scale:float|None=None, initial_state=None, inplace_final_state:bool=True,
+                             use_qk_l2norm_in_kernel:bool=True, cu_seqlens=None, ssm_state_indices=None,
+                             num_accepted_tokens=None, # [N] int32: resume from slot `num_accepted_tokens - 1` (spec decode)
+                             **kwargs):
+    "vLLM's `fused_recurrent_kda`, with `num_accepted_tokens` reaching the kernel: 0.25.1's wrapper drops it, so a spec batch calls the module's `fused_recurrent_kda_fwd`."
+    from solar_open2.vllm.compat import fused_recurrent_kda
+    kw = dict(initial_state=initial_state, inplace_final_state=inplace_final_state, cu_seqlens=cu_seqlens,
+              ssm_state_indices=ssm_state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    if num_accepted_tokens is None: return fused_recurrent_kda(q=q, k=k, v=v, g=g, beta=beta, scale=scale, **kw)
+    fwd = getattr(sys.modules[fused_recurrent_kda.__module__], "fused_recurrent_kda_fwd", None)
+    if fwd is None: raise NotImplementedError(f"{fused_recurrent_kda.__module__} has no fused_recurrent_kda_fwd: no spec-decode entry to the KDA kernel")
+    return fwd(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
+               scale=k.shape[-1] ** -0.5 if scale is None else scale, num_accepted_tokens=num_accepted_tokens, **kw)
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #5bf838f2
 def kda_gate_torch(g:torch.Tensor, # [..., H*D] raw gate (pre-activation)
@@ -105,12 +119,23 @@ def fused_recurrent_kda_torch(q, k, v, # [1, n, H, D]
                               scale:float|None=None,
                               initial_state=None, # [slots, H, V, K] fp32, updated in place
                               inplace_final_state:bool=True, use_qk_l2norm_in_kernel:bool=True,
-                              cu_seqlens=None, ssm_state_indices=None, # [N+1], [N]
+                              cu_seqlens=None, ssm_state_indices=None, # [N+1], [N] (or [N, 1+num_spec] for a verify)
+                              num_accepted_tokens=None, # [N]: a verify resumes from slot row[num_accepted_tokens - 1]
                               **kwargs):
-    "torch `fused_recurrent_kda` (in-place state): the reference's `kda_recurrent` per sequence, from and back into its slot; `(o [1, n, H, V], initial_state)`."
+    "torch `fused_recurrent_kda` (in-place state): the reference's `kda_recurrent` per sequence, from and back into its slot (a verify: `kda_verify`, every token's state into its slot); `(o [1, n, H, V], initial_state)`."
     _, T, H, D = q.shape
     o = torch.zeros_like(v)                                                   # [1, n, H, V]
     for i, (s, e) in enumerate(_spans(cu_seqlens, T)):
+        if ssm_state_indices is not None and ssm_state_indices.dim() == 2:    # a verify: one row of slots per sequence
+            row = [int(x) for x in ssm_state_indices[i].tolist()]
+            a = int(num_accepted_tokens[i]) - 1 if num_accepted_tokens is not None else 0
+            if row[a] <= 0 or e == s: continue
+            S0 = initial_state[row[a]:row[a] + 1].float().transpose(-1, -2)   # [1, H, K, V]
+            o[:, s:e], St = kda_verify(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e].float(), beta[:, s:e].float(), scale, S0,
+                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)   # St [1, e-s, H, K, V]
+            for t in range(e - s):
+                if row[t] > 0: initial_state[row[t]] = St[0, t].transpose(-1, -2).to(initial_state.dtype)
+            continue
         slot = int(ssm_state_indices[i]) if ssm_state_indices is not None else i
         if slot <= 0 and ssm_state_indices is not None: continue
         S0 = initial_state[slot:slot + 1].float().transpose(-1, -2)           # [1, H, K, V]
@@ -128,24 +153,40 @@ def causal_conv1d_fn_torch(x, # [dim, T] packed sequences
                            activation="silu", **kwargs):
     "torch `causal_conv1d_fn` (prefill, varlen, continuous batching)."
     assert activation in ("silu", "swish") and bias is None
-    out = torch.empty_like(x)
+    out, M = torch.empty_like(x), weight.shape[-1] - 1
     for i, (s, e) in enumerate(_spans(query_start_loc, x.shape[-1])):
         slot = int(cache_indices[i])
-        st = conv_states[slot] if bool(has_initial_state[i]) else torch.zeros_like(conv_states[slot])   # [dim, K-1]
+        st = conv_states[slot, :, :M] if bool(has_initial_state[i]) else torch.zeros_like(conv_states[slot, :, :M])   # [dim, K-1]
         y, new = short_conv(x[:, s:e].T[None], weight[:, None, :], st[None].to(x.dtype))   # [1, T_i, dim], [1, dim, K-1]
         out[:, s:e] = y[0].T
-        conv_states[slot] = new[0].to(conv_states.dtype)
+        conv_states[slot, :, :M] = new[0].to(conv_states.dtype)           # columns [0, K-1) of a widened state, as the kernel's
     return out
 
-def causal_conv1d_update_torch(x, # [n, dim], one token per sequence
-                               conv_state, # [slots, dim, K-1], updated in place
+def causal_conv1d_update_torch(x, # [n, dim], one token per sequence (or packed tokens with query_start_loc)
+                               conv_state, # [slots, dim, K-1] (a verify: [slots, dim, K-1+num_spec]), updated in place
                                weight, bias=None, activation="silu",
-                               conv_state_indices=None, **kwargs):
-    "torch `causal_conv1d_update` (decode)."
+                               conv_state_indices=None, # [N] slots
+                               num_accepted_tokens=None, query_start_loc=None, # [N], [N+1]: a verify of packed tokens
+                               max_query_len:int=-1, **kwargs):
+    "torch `causal_conv1d_update` (decode; a verify with `num_accepted_tokens`: `short_conv_verify` from the window at offset `num_accepted_tokens - 1`)."
     assert activation in ("silu", "swish") and bias is None
-    idx = conv_state_indices.long()
-    y, new = short_conv(x[:, None, :], weight[:, None, :], conv_state[idx].to(x.dtype))   # [n, 1, dim], [n, dim, K-1]
-    conv_state[idx] = new.to(conv_state.dtype)
+    if query_start_loc is not None:
+        if num_accepted_tokens is None: raise NotImplementedError("causal_conv1d_update_torch: packed tokens only for a verify (num_accepted_tokens)")
+        M, out = weight.shape[-1] - 1, x.clone()                             # null-slot sequences keep their input, as the kernel's
+        for i, (s, e) in enumerate(_spans(query_start_loc[:len(conv_state_indices) + 1], x.shape[0])):
+            slot, a = int(conv_state_indices[i]), int(num_accepted_tokens[i]) - 1
+            if slot <= 0 or e == s: continue
+            if M - 1 + (e - s) > conv_state.shape[-1]:
+                raise ValueError(f"causal_conv1d_update_torch: {e - s} tokens need a conv state of {M - 1 + e - s} columns, it has {conv_state.shape[-1]}")
+            win = conv_state[slot, :, a:a + M]                                # [dim, K-1]: the accepted window
+            y, _ = short_conv_verify(x[s:e][None], weight[:, None, :], win[None].to(x.dtype))   # [1, T_i, dim]
+            out[s:e] = y[0]
+            row = torch.cat([win[:, 1:].to(x.dtype), x[s:e].T], -1)          # [dim, K-2+T_i]: window after token t = row[:, t:t+K-1]
+            conv_state[slot, :, :row.shape[-1]] = row.to(conv_state.dtype)
+        return out
+    idx, M = conv_state_indices.long(), weight.shape[-1] - 1
+    y, new = short_conv(x[:, None, :], weight[:, None, :], conv_state[idx][..., :M].to(x.dtype))   # [n, 1, dim], [n, dim, K-1]
+    conv_state[idx, :, :M] = new.to(conv_state.dtype)
     return y[:, 0]
 
 def torch_kernels()->KDAKernels:
@@ -159,11 +200,23 @@ def default_kernels()->KDAKernels:
     return triton_kernels() if current_platform.is_cuda_alike() else torch_kernels()
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #54ba0124
+def num_spec_tokens(vllm_config)->int:
+    "Draft tokens verified per step (`speculative_config.num_speculative_tokens`), 0 without speculation."
+    spec = getattr(vllm_config, "speculative_config", None)
+    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+
+def kda_state_slot_shape(tp:int, num_heads:int, head_dim:int, conv_size:int, num_spec:int=0)->tuple:
+    "Per-rank `(conv_state, recurrent_state)` shapes of one state slot, the conv state widened by `num_spec` columns."
+    if not num_spec: return MambaStateShapeCalculator.kda_state_shape(tp, num_heads, head_dim, conv_kernel_size=conv_size)
+    # 0.25.1's kda_state_shape takes num_spec and ignores it; the Gated DeltaNet calculator with KDA's channels
+    # (q, k, v of H heads x D) gives the same shapes, the conv state widened to K-1+num_spec
+    return MambaStateShapeCalculator.gated_delta_net_state_shape(tp, num_heads, num_heads, head_dim, head_dim, conv_size, num_spec)
+
 def kda_state_shape(vllm_config:VllmConfig)->tuple:
-    "Per-rank `(conv_state, recurrent_state)` shapes of one KDA layer for one sequence, from the model config."
+    "Per-rank `(conv_state, recurrent_state)` shapes of one KDA layer for one sequence, from the model config (widened for speculation)."
     cfg = solar_config_of(vllm_config.model_config.hf_config)
-    return MambaStateShapeCalculator.kda_state_shape(vllm_config.parallel_config.tensor_parallel_size, cfg.kda_num_heads,
-                                                     cfg.kda_head_dim, conv_kernel_size=cfg.kda_conv_size)
+    return kda_state_slot_shape(vllm_config.parallel_config.tensor_parallel_size, cfg.kda_num_heads, cfg.kda_head_dim,
+                                cfg.kda_conv_size, num_spec_tokens(vllm_config))
 
 def kda_state_dtype(vllm_config:VllmConfig)->tuple:
     "`(conv dtype, recurrent dtype)`: the model (or `--mamba-cache-dtype`) dtype, and always fp32."
@@ -214,6 +267,7 @@ class SolarOpen2KDA(nn.Module, MambaBase):
         if H % self.tp_size:
             raise ValueError(f"{prefix}: {H} KDA heads do not split over tensor-parallel size {self.tp_size}")
         self.num_heads, self.head_dim, self.conv_size = H, D, K
+        self.num_spec = num_spec_tokens(vllm_config)                        # draft tokens a verify step adds (0: none)
         self.local_heads = divide(H, self.tp_size)
         self.allow_neg_eigval, self.full_proj = config.kda_allow_neg_eigval, config.kda_use_full_proj
         if config.kda_gate_lower_bound is not None:   # the reference honours it (chapter kda); vLLM's fused gate kernels have no such form
@@ -261,8 +315,7 @@ class SolarOpen2KDA(nn.Module, MambaBase):
     @property
     def mamba_type(self)->MambaAttentionBackendEnum: return MambaAttentionBackendEnum.GDN_ATTN
     def get_state_shape(self)->tuple:
-        return MambaStateShapeCalculator.kda_state_shape(self.tp_size, self.num_heads, self.head_dim,
-                                                         conv_kernel_size=self.conv_size)
+        return kda_state_slot_shape(self.tp_size, self.num_heads, self.head_dim, self.conv_size, self.num_spec)
     def get_state_dtype(self)->tuple:
         return MambaStateDtypeCalculator.kda_state_dtype(self.model_config.dtype, self.cache_config.mamba_cache_dtype)
 
@@ -366,18 +419,31 @@ def _forward(self:SolarOpen2KDA,
     md_all = get_forward_context().attn_metadata
     if md_all is None: return self._warmup(qkv)                              # profiling run: no state, no metadata
     md = md_all[self.prefix]
-    if md.num_spec_decodes or md.spec_state_indices_tensor is not None: raise NotImplementedError(SPEC_DECODE_ERROR)
-    n, Hl, D, kn = md.num_actual_tokens, self.local_heads, self.head_dim, self.kernels
+    n = md.num_actual_tokens
     if n == 0: return
     qkv, g1, beta = qkv[:n], g1[:n], beta[:n]
-    conv_state, rec_state = self.conv_states()                               # [slots, 3*Hl*D, K-1], [slots, Hl, D, D] fp32
+    if md.spec_sequence_masks is None:                                        # no verify in this step
+        core_attn_out[:n] = self._non_spec(qkv, g1, beta, md)
+        return
+    if md.num_prefills == 0 and md.num_decodes == 0:                          # verifies only: every token is a spec token
+        core_attn_out[:n] = self._spec(qkv, g1, beta, md)[:n]
+        return
+    si, nsi = md.spec_token_indx.long(), md.non_spec_token_indx.long()        # token positions of the two parts
+    core_attn_out.index_copy_(0, si, self._spec(qkv.index_select(0, si), g1.index_select(0, si), beta.index_select(0, si), md))
+    core_attn_out.index_copy_(0, nsi, self._non_spec(qkv.index_select(0, nsi), g1.index_select(0, nsi), beta.index_select(0, nsi), md))
+
+@patch
+def _non_spec(self:SolarOpen2KDA, qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, # [n, 3*Hl*D], [n, Hl*D], [n, Hl]
+              md)->torch.Tensor: # o [n, Hl, D]
+    "The prefills and one-token decodes of a step (`non_spec_*` metadata): the decode kernels for a pure-decode batch, else the prefill kernels."
+    n, Hl, D, kn = qkv.shape[0], self.local_heads, self.head_dim, self.kernels
+    conv_state, rec_state = self.conv_states()                               # [slots, 3*Hl*D, K-1(+num_spec)], [slots, Hl, D, D] fp32
     w = self.qkv_conv1d.weight.view(3 * Hl * D, self.conv_size)              # [3*Hl*D, 1, K] -> [3*Hl*D, K], rows [q; k; v]
     idx, qsl = md.non_spec_state_indices_tensor, md.non_spec_query_start_loc
     if md.num_prefills == 0:                                                  # a pure-decode batch
         o = kda_decode_unfused(kn, qkv, conv_state, w, g1, self.A_log, self.dt_bias, beta, rec_state, idx,
                                qsl[:md.num_decodes + 1])
-        core_attn_out[:n] = o[0, :n]
-        return
+        return o[0, :n]
     qkv = kn.conv_prefill(qkv.transpose(0, 1), w, None, activation="silu", conv_states=conv_state,   # [3*Hl*D, n] in
                           has_initial_state=md.has_initial_state, cache_indices=idx, query_start_loc=qsl,
                           metadata=md).transpose(0, 1)                       # -> [n, 3*Hl*D]
@@ -387,7 +453,23 @@ def _forward(self:SolarOpen2KDA,
                         g_bias=self.dt_bias, initial_state=rec_state[idx].contiguous(), output_final_state=True,
                         use_qk_l2norm_in_kernel=True, cu_seqlens=qsl)        # gate fused in the kernel
     rec_state[idx] = final.to(rec_state.dtype)
-    core_attn_out[:n] = o[0, :n]
+    return o[0, :n]
+
+@patch
+def _spec(self:SolarOpen2KDA, qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, # [m, 3*Hl*D], [m, Hl*D], [m, Hl] spec tokens
+          md)->torch.Tensor: # o [m, Hl, D]
+    "The verifies of a step (`spec_*` metadata): conv and recurrence resume at `num_accepted_tokens - 1` and keep every token's state."
+    m, Hl, D, kn = qkv.shape[0], self.local_heads, self.head_dim, self.kernels
+    conv_state, rec_state = self.conv_states()                               # [slots, 3*Hl*D, K-1+num_spec], [slots, Hl, D, D] fp32
+    w = self.qkv_conv1d.weight.view(3 * Hl * D, self.conv_size)              # [3*Hl*D, K]
+    rows, nacc, qsl, N = md.spec_state_indices_tensor, md.num_accepted_tokens, md.spec_query_start_loc, md.num_spec_decodes
+    qkv = kn.conv_decode(qkv, conv_state, w, None, activation="silu", conv_state_indices=rows[:, 0][:N],
+                         num_accepted_tokens=nacc, query_start_loc=qsl, max_query_len=rows.size(-1), validate_data=False)
+    q, k, v = (x.reshape(1, m, Hl, D) for x in qkv.split(Hl * D, -1))       # [m, 3*Hl*D] -> [1, m, Hl, D] x3
+    g = kn.gate(g1, self.A_log, D, g_bias=self.dt_bias).reshape(1, m, Hl, D) # [m, Hl*D] -> [1, m, Hl, D] fp32
+    o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=beta.reshape(1, m, Hl), initial_state=rec_state, use_qk_l2norm_in_kernel=True,
+                        cu_seqlens=qsl[:N + 1], ssm_state_indices=rows, num_accepted_tokens=nacc)   # every token's state into rows[i, t]
+    return o[0]
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #19934208
 _WARMED: set = set()
@@ -453,9 +535,9 @@ def decode_kernel_runs(layer:torch.nn.Module)->bool:
     return current_platform.is_cuda_alike()
 
 def decode_slots(layer)->torch.Tensor|None:
-    "The state slots [n] of this step's KDA decode batch if the kernel takes it (at most `MAX_DECODE_SEQS` one-token decodes, no prefill, no speculation), else None."
+    "The state slots [n] of this step's KDA decode batch if the kernel takes it (at most `MAX_DECODE_SEQS` one-token decodes, no prefill, no speculation configured), else None."
     md_all = get_forward_context().attn_metadata
-    md = None if md_all is None else md_all[layer.prefix]
+    md = None if md_all is None or getattr(layer, "num_spec", 0) else md_all[layer.prefix]   # speculation on: the op body
     if md is not None and md.num_prefills == 0 and not md.num_spec_decodes and md.spec_state_indices_tensor is None \
             and 0 < md.num_actual_tokens <= MAX_DECODE_SEQS:
         return md.non_spec_state_indices_tensor[:md.num_actual_tokens]

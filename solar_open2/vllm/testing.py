@@ -13,8 +13,8 @@ from ..config import SolarOpen2Config, tensor_specs
 
 # %% auto #0
 __all__ = ['force_cpu_platform', 'cpu_vllm_config', 'cpu_vllm', 'cpu_nvfp4_moe', 'cpu_linears', 'gdn_metadata', 'build_model',
-           'checkpoint_tensors', 'run_interpreted', 'triton_interpreted', 'kda_layer', 'run_layer', 'RecordingKernels',
-           'plain_kda', 'checkpoint_slices', 'same_values', 'probe_model']
+           'spec_vllm_config', 'gdn_step', 'checkpoint_tensors', 'run_interpreted', 'triton_interpreted', 'kda_layer',
+           'run_layer', 'RecordingKernels', 'plain_kda', 'checkpoint_slices', 'same_values', 'probe_model']
 
 # %% ../../nbs/08_vllm/03_testing.ipynb #1b8d4919
 def force_cpu_platform():
@@ -128,6 +128,43 @@ def build_model(vllm_config, model_class=None):
     from vllm.model_executor.model_loader.utils import initialize_model
     vllm_config.compilation_config.static_forward_context.clear()   # a config holds one model's layers: building again replaces them
     with cpu_vllm(vllm_config=vllm_config), cpu_nvfp4_moe(): return initialize_model(vllm_config=vllm_config, model_class=model_class)
+
+# %% ../../nbs/08_vllm/03_testing.ipynb #bebab90d
+def spec_vllm_config(model_dir, num_spec:int=3, dtype:str="float32", **vllm_kwargs)->"VllmConfig":
+    "`cpu_vllm_config` with an ngram `SpeculativeConfig` of `num_spec` draft tokens."
+    from vllm.config import SpeculativeConfig
+    base = cpu_vllm_config(model_dir, dtype=dtype, **vllm_kwargs)
+    sc = SpeculativeConfig(method="ngram", num_speculative_tokens=num_spec, prompt_lookup_max=3, prompt_lookup_min=1,
+                           target_model_config=base.model_config, target_parallel_config=base.parallel_config)
+    return cpu_vllm_config(model_dir, dtype=dtype, speculative_config=sc, **vllm_kwargs)
+
+def gdn_step(vllm_config, # the config the layer was built with (its speculative config sets the slots per request)
+             query_lens:list, # tokens of each request in this step, verifies first (the engine's order)
+             computed:list, # tokens each request had computed before the step (0: a new sequence)
+             slots:list, # each request's state slots: a row of 1 + num_spec block ids (one id without speculation)
+             drafts:list|None=None, # draft tokens each request verifies (-1: a prefill); None: no speculation this step
+             num_accepted:list|None=None, # accepted tokens of each request's previous step (1 + accepted drafts)
+            ):
+    "vLLM's `GDNAttentionMetadata` for one step, made by its own builder as the model runner calls it."
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+    from vllm.v1.kv_cache_interface import MambaSpec
+    sc = vllm_config.speculative_config
+    k = sc.num_speculative_tokens if sc is not None else 0
+    spec = MambaSpec(shapes=((1, 1), (1, 1, 1)), dtypes=(torch.float32, torch.float32), block_size=-1, num_speculative_blocks=k)
+    b = GDNAttentionMetadataBuilder(spec, ["bench"], vllm_config, torch.device("cpu"))
+    ql, done = torch.tensor(query_lens, dtype=torch.int32), torch.tensor(computed, dtype=torch.int32)
+    qsl = torch.zeros(len(ql) + 1, dtype=torch.int32); qsl[1:] = ql.cumsum(0)            # [reqs + 1]
+    rows = torch.tensor([[s] if isinstance(s, int) else list(s) for s in slots], dtype=torch.int32)   # [reqs, 1 + k]
+    T = int(qsl[-1])
+    m = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=done + ql, num_reqs=len(ql),
+                                num_actual_tokens=T, max_query_len=int(ql.max()), max_seq_len=int((done + ql).max()),
+                                block_table_tensor=rows, slot_mapping=torch.zeros(T, dtype=torch.int64))
+    acc = None if num_accepted is None else torch.tensor(num_accepted, dtype=torch.int32)
+    dr = None if drafts is None else torch.tensor(drafts, dtype=torch.int32)
+    import vllm.utils.torch_utils as tu, vllm.v1.attention.backends.utils as bu
+    with mock.patch.object(tu, "PIN_MEMORY", False), mock.patch.object(bu, "PIN_MEMORY", False):   # its host copies pin memory: a GPU's
+        return b.build(0, m, num_accepted_tokens=acc, num_decode_draft_tokens_cpu=dr)
 
 # %% ../../nbs/08_vllm/03_testing.ipynb #939ea8c4
 def checkpoint_tensors(path)->dict:
