@@ -546,3 +546,47 @@ def test_spec_verify_through_the_recording_kernels(spec_bench):
     assert conv_kw["conv_state_indices"].tolist() == [1, 5] and conv_kw["query_start_loc"].tolist() == [0, 3, 4]
     assert conv_kw["num_accepted_tokens"].tolist() == [1, 1] and conv_kw["max_query_len"] == 4
     assert rec_kw["ssm_state_indices"].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]] and rec_kw["cu_seqlens"].tolist() == [0, 3, 4]
+
+
+_TRITON_VERIFY = r'''
+import json, torch
+import torch.nn.functional as F
+from solar_open2.vllm.testing import force_cpu_platform
+force_cpu_platform()
+import triton.language as tl, vllm.model_executor.layers.fla.ops.fused_recurrent as fr
+fr.exp = lambda x: tl.exp(x)   # the kernel module binds tl.exp at import; the interpreter patches tl only at run time
+from solar_open2.vllm.kda import torch_kernels, fused_recurrent_kda_spec, kda_beta
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+torch.manual_seed(0)
+T, H, D, dim, K, ns = 5, 2, 16, 32, 4, 3
+rows = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32)
+nacc, qsl = torch.tensor([2, 3], dtype=torch.int32), torch.tensor([0, 3, 5], dtype=torch.int32)
+q, k, v, g = (torch.randn(1, T, H, D) for _ in range(4)); g = -F.softplus(g)
+beta = kda_beta(torch.randn(1, T, H))
+pool = torch.randn(9, H, D, D); p1, p2 = pool.clone(), pool.clone()
+kw = dict(use_qk_l2norm_in_kernel=True, cu_seqlens=qsl, ssm_state_indices=rows, num_accepted_tokens=nacc)
+o1, _ = torch_kernels().recurrent(q=q, k=k, v=v, g=g, beta=beta, initial_state=p1, **kw)
+o2, _ = fused_recurrent_kda_spec(q=q, k=k, v=v, g=g, beta=beta, initial_state=p2, **kw)
+x, w, cs = torch.randn(T, dim), torch.randn(dim, K), torch.randn(9, dim, K - 1 + ns); c1, c2 = cs.clone(), cs.clone()
+ckw = dict(conv_state_indices=rows[:, 0], num_accepted_tokens=nacc, query_start_loc=qsl, max_query_len=4)
+y1 = torch_kernels().conv_decode(x.clone(), c1, w, None, activation="silu", **ckw)
+y2 = causal_conv1d_update(x.clone(), c2, w, None, "silu", validate_data=False, **ckw)
+M = K - 1
+print(json.dumps({"o": (o1 - o2).abs().max().item(), "state": (p1 - p2).abs().max().item(), "untouched": (p2[[0, 4, 7, 8]] - pool[[0, 4, 7, 8]]).abs().max().item(),
+                  "y": (y1 - y2).abs().max().item(), "rows": max((c1[s, :, :M - 1 + L] - c2[s, :, :M - 1 + L]).abs().max().item() for s, L in ((1, 3), (5, 2))),
+                  "o_scale": o1.abs().max().item(), "changed": (p1 - pool).abs().max().item()}))
+'''
+
+
+def test_vllms_triton_verify_kernels_match_the_torch_table():
+    """vLLM 0.25.1's Triton kernels, under Triton's interpreter on the CPU: `fused_recurrent_kda_fwd` with
+    `num_accepted_tokens` (through `fused_recurrent_kda_spec`) and `causal_conv1d_update` on a widened conv state give
+    the torch table's outputs, per-token states and conv rows: the torch table is the Triton path's oracle."""
+    import json
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}   # an empty device list: vLLM keeps Triton on with no driver
+    r = subprocess.run([sys.executable, "-c", _TRITON_VERIFY], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["changed"] > 0.1 and d["o_scale"] > 0.1                              # the step did write states and outputs
+    assert d["o"] <= 1e-5 and d["state"] <= 1e-5 and d["y"] <= 1e-5 and d["rows"] <= 1e-5, d
+    assert d["untouched"] == 0.0, d                                                # slots past each verify's tokens (4; 7, 8) and the null block
