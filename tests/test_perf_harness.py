@@ -96,8 +96,9 @@ def test_engine_kwargs_are_valid_vllm_arguments(tmp_path):
     e = ph.engine_kwargs(a, m, "eager")
     assert e["enforce_eager"] and "compilation_config" not in e and "profiler_config" not in e
     assert (e["load_format"], e["skip_tokenizer_init"], e["enable_prefix_caching"], e["kv_cache_memory_bytes"]) == \
-        ("dummy", True, False, 16_000_000_000)
+        ("solar_open2_dummy", True, False, 16_000_000_000)                      # the plugin's benchmark dummy weights by default
     EngineArgs(**e)
+    assert ph.engine_kwargs(ph.parse_args(["--phase", "graphs", "--dummy-weights", "vllm"]), m, "eager")["load_format"] == "dummy"
     g = ph.engine_kwargs(a, m, "graphs", "/tmp/prof")
     cc, pc = CompilationConfig(**g.pop("compilation_config")), ProfilerConfig(**g.pop("profiler_config"))
     assert cc.cudagraph_capture_sizes == [1, 2, 4, 8, 16, 32, 64] and not g.get("enforce_eager")
@@ -271,7 +272,7 @@ def test_prepend_path_and_environment(tmp_path, monkeypatch):
     assert rec["NCCL_NVLS_ENABLE"] == "0" and rec["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and rec["NVSHMEM_DISABLE_NVLS"] == "1"
     assert rec["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == os.environ["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"   # forced too
     assert os.environ["PYTHONPATH"].split(":")[:2] == [str(ph.ROOT), str(tmp_path)] and os.environ["PYTHONPATH"].endswith(":/x")
-    assert os.environ["VLLM_PLUGINS"] == "lora_filesystem_resolver,solar_open2"
+    assert os.environ["VLLM_PLUGINS"] == "lora_filesystem_resolver,solar_open2,solar_open2_dummy"   # the load format's too
     assert rec["TRITON_CACHE_AUTOTUNING"] == os.environ["TRITON_CACHE_AUTOTUNING"]
     monkeypatch.delenv("VLLM_DISABLE_SHARED_EXPERTS_STREAM", raising=False)
     rec = ph.setup_environment(tmp_path, {"VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1", "NCCL_NVLS_ENABLE": "0"})
@@ -764,7 +765,12 @@ def test_a_whole_phase_against_a_fake_engine(tmp_path, isolated_env):
     assert sorted(r["figures"]) == ["decode_bs1_ctx2048", "decode_bs8", "prefill_ctx8192"]
     assert r["kv_pool"]["comparison"]["match"] is True and r["engine"]["log"]["nvfp4_moe_backend"] == "MARLIN"
     kw = FakeLLM.last.kw
-    assert kw["load_format"] == "dummy" and kw["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 32, 64]
+    assert kw["load_format"] == "solar_open2_dummy" and kw["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 32, 64]
+    assert (r["dummy_weights"]["name"], r["settings"]["dummy_weights"], r["settings"]["load_format"]) == \
+        ("realistic-v1", "realistic-v1", "solar_open2_dummy") and "router" in r["dummy_weights"]["distribution"]
+    from vllm.model_executor.model_loader import get_model_loader                      # registered in this process too
+    from vllm.config.load import LoadConfig
+    assert type(get_model_loader(LoadConfig(load_format="solar_open2_dummy"))).__name__ == "DummyWeightsLoader"
     cfg = SolarOpen2Config.from_pretrained(kw["model"])
     assert cfg.num_hidden_layers == 48 and cfg.quantization_config["quant_method"] == "compressed-tensors"
     assert FakeLLM.last.shut and FakeLLM.last.profiling
@@ -821,6 +827,7 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
         rate = {"separate": 100.0, "fused": 125.0, "splits": 110.0}[v]
         r = {"status": "complete", "command": " ".join(cmd), "settings": {"variant": v}, "engine": {"init_s": 90.0},
              "figures": {"decode_bs1_ctx2048": {"value_tok_s": rate, "fraction_of_roofline": rate / 479, "itl_median_ms": 1e3 / rate}},
+             "sanity": {"decode_bs1_ctx2048": {"passed": True, "degenerate": False}},            # as the writer records it
              "profile": {"steps": 8, "step_us": 1e6 / rate, "gpu_busy_fraction": 0.85,
                          "families": [{"family": "dense_gemm", "us_per_step": 4000.0, "kernels": 8 * 800}]}}
         ph.write_json(r, [tmp_path / f"perf_h200_graphs_{v}.json"])
@@ -1003,3 +1010,36 @@ def test_source_digest_names_the_code_not_the_commit(tmp_path):
     assert kb.git_dirty(tmp_path) is None                                      # not a git checkout
     head = kb.result_head("x", "cpu", tmp_path)
     assert head["source_sha256"] == kb.source_digest(tmp_path) and head["git_commit"] is None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# which dummy weights a run serves, and the gate in every summary
+# --------------------------------------------------------------------------------------------------------------
+
+def test_the_dummy_weights_are_selected_recorded_and_registered_in_every_process(tmp_path):
+    "realistic-v1 by default (the load format's entry point in the shim, so the engine core and workers have it); vllm: plain."
+    a, plain = ph.parse_args(["--phase", "graphs"]), ph.parse_args(["--phase", "graphs", "--dummy-weights", "vllm"])
+    assert (a.dummy_weights, ph.dummy_weights(a)["load_format"], ph.dummy_weights(plain)["load_format"]) == \
+        ("realistic-v1", "solar_open2_dummy", "dummy")
+    assert prun.DUMMY_ENTRY_POINT in ph.shim_entry_points(a) and prun.DUMMY_ENTRY_POINT not in ph.shim_entry_points(plain)
+    root = ph.write_plugin_shim(tmp_path, ph.shim_entry_points(a))
+    text = (root / ph.SHIM_DIST / "entry_points.txt").read_text()
+    assert "solar_open2_dummy = solar_open2.vllm.dummy:register_loader" in text
+    assert ph.new_result(a, "graphs", [])["dummy_weights"]["name"] == "realistic-v1"
+    assert "vLLM's DummyModelLoader" in ph.new_result(plain, "graphs", [])["dummy_weights"]["distribution"]
+    line = ("(EngineCore pid=7) INFO 12-04 03:00:00 [dummy.py:1] solar_open2: dummy weights realistic-v1: 1200 tensors, "
+            "30720 NVFP4 matrices, block scales [52, 448], global divisors [25663.5, 27513.1], routing max/mean load 1.310")
+    assert ph.parse_engine_log(line)["dummy_weights"].startswith("realistic-v1: 1200 tensors")
+
+
+def test_merge_and_ab_report_only_figures_that_passed_their_gate():
+    "A file written before the gate (figures ungated) cannot bring a failed or unchecked figure into a summary."
+    fig = lambda v: {"kind": "batch", "context": 512, "batch": 32, "value_tok_s": v, "roofline_tok_s": 3000.0,
+                     "roofline_kind": "decode-bandwidth", "fraction_of_roofline": v / 3000}
+    old = {"status": "complete", "figures": {"decode_bs8": fig(800.0), "decode_bs32": fig(2600.0), "decode_bs64": fig(3900.0)},
+           "sanity": {"decode_bs8": {"passed": True}, "decode_bs32": {"passed": False, "degenerate": True}}}   # bs64: none
+    m = ph.merge(None, old)
+    assert [r["figure"] for r in m["rows"]] == ["decode_bs8"] and m["gated_out"]["graphs"] == ["decode_bs32", "decode_bs64"]
+    ab = ph.ab_summary({"base": old, "other": {**old, "sanity": {k: {"passed": True} for k in old["figures"]}}})
+    assert list(ab["variants"]["base"]["figures"]) == ["decode_bs8"] and ab["variants"]["base"]["gated_out"] == ["decode_bs32", "decode_bs64"]
+    assert ab["variants"]["other"]["figures"]["decode_bs32"]["over_baseline"] is None     # no baseline that passed: no ratio

@@ -14,8 +14,12 @@
 
 The engine serves the REAL `SolarOpen2Config.real()` written as `config.json` with the compressed-tensors NVFP4
 `quantization_config` block of Nota's checkpoint (`solar_open2.nvfp4.quantization_config` over the ignore list
-`solar_open2.checkpoint.bf16_linear_modules`), `load_format="dummy"` (random weights of the real shapes, so the real
-kernels and bytes), `skip_tokenizer_init=True` (token-id prompts), TP2, prefix caching off, an explicit
+`solar_open2.checkpoint.bf16_linear_modules`), random weights of the real shapes (so the real kernels and bytes):
+by default `--dummy-weights realistic-v1`, the plugin's load format `solar_open2_dummy` (chapter `vllm/dummy`:
+vLLM's dummy loader, then finite in-range E4M3 block scales and global scales of the real kind, BF16 weights at a
+trained-like std, a router that spreads tokens over the experts like a trained one; the distribution assumed is
+written into the JSON as `dummy_weights`), or `--dummy-weights vllm`, vLLM's plain `load_format="dummy"`, for A/Bs
+against older runs; `skip_tokenizer_init=True` (token-id prompts), TP2, prefix caching off, an explicit
 `kv_cache_memory_bytes` so that `solar_open2.budget.plan` predicts the KV pool exactly. `--config rank` serves one
 TP2 rank of it (`solar_open2.budget.rank_config`) at TP1: the per-rank shapes, kernels and bytes on one GPU, without
 the all-reduces.
@@ -30,9 +34,11 @@ kernel family. Every figure carries its fraction of the H200 decode roofline of 
 (4.8 TB/s, same TP, same context and batch); prefill figures also carry a compute ceiling (989 TFLOP/s dense BF16).
 
 The sanity gate: dummy weights can give NaN logits, and then every request repeats one token id and the MoE routing
-may collapse onto a few experts, which flatters the figure. Every figure is checked (decode: distinct ids per
+may collapse onto a few experts, which flatters the figure (vLLM's plain dummy weights route every token to the same
+8 experts: its random router bias outweighs logits computed from hidden states its norm weights shrink 1000x). Every figure is checked (decode: distinct ids per
 request; prefill: distinct first tokens across prompts), and the JSON writer reports as a result only the figures
-whose check passed; the others move to `gated_out`, with the check.
+whose check passed; the others move to `gated_out`, with the check. The merge and the A/B summary read every phase
+through the same gate, so a file written before it cannot bring a failed figure into a summary.
 
 From the engine log (captured at the file-descriptor level, so the engine-core and worker processes are included):
 the KV pool vLLM reports ("GPU KV cache size: N tokens", "Maximum concurrency ...") against the budget's

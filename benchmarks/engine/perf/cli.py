@@ -10,6 +10,7 @@ from solar_open2.vllm.options import KEY as OPTIONS_KEY, OPTIONS   # the plugin'
 from benchmarks.common import INCOMING, out_dir_default
 
 PROG = "python -m benchmarks.engine.perf"
+DUMMY_CHOICES = ("realistic-v1", "vllm")     # --dummy-weights: solar_open2.vllm.dummy.DUMMY_WEIGHTS first, vLLM's own last
 PHASES = ("eager", "graphs")
 
 PRESETS = {
@@ -105,6 +106,11 @@ def build_parser()->argparse.ArgumentParser:
                     help="graphs phase: vllm = vLLM's default torch.compile + FULL_AND_PIECEWISE graphs; "
                          "none = no torch.compile, FULL_DECODE_ONLY graphs (faster start)")
     ap.add_argument("--moe-backend", default="auto", help="vLLM --moe-backend (auto: let vLLM choose and record it)")
+    ap.add_argument("--dummy-weights", choices=DUMMY_CHOICES, default=DUMMY_CHOICES[0],
+                    help=f"{DUMMY_CHOICES[0]}: the plugin's benchmark dummy weights (load format solar_open2_dummy, chapter "
+                         "vllm/dummy: real-kind NVFP4 scales, a router that spreads tokens like a trained one); vllm: vLLM's "
+                         "plain load_format=dummy (uniform in [-1e-3, 1e-3]; its bias alone routes every token to the same "
+                         "experts), for A/Bs against older runs (default: %(default)s)")
     for o in OPTIONS:                                                       # --x / --no-x, from the plugin's options table
         ap.add_argument("--" + o.flag, dest=o.name, action=argparse.BooleanOptionalAction, default=None, help=option_help(o))
     ap.add_argument("--allreduce-fusion", action=argparse.BooleanOptionalAction, default=None,

@@ -29,6 +29,7 @@ _PATTERNS = {
     "async_scheduling": re.compile(r"Asynchronous scheduling is (\w+)"),
     "allreduce_backends": re.compile(r"Using \[(.*?)\] all-reduce backends \(in dispatch order\) for group '([^']*)'"),
     "nccl_version": re.compile(r"vLLM is using nccl==(\S+)"),
+    "dummy_weights": re.compile(r"solar_open2: dummy weights (\S+: .*)"),     # the load format's one line (vllm/dummy)
     "engine_config": re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\) with config: (.*)"),
     "allreduce_fusion_off": re.compile(r"(Flashinfer is not installed or comm module not found|AllReduce fusion pass is "
                                        r"disabled|Failed to initialize Flashinfer allreduce workspace|Flashinfer allreduce "
@@ -65,7 +66,7 @@ def parse_engine_log(text:str)->dict:
          "available_kv_gib": None, "graph_capture_s": None, "graph_capture_gib": None, "init_engine_s": None,
          "compilation_s": None, "torch_compile_s": None, "dynamo_s": None, "async_scheduling": None,
          "vllm_version_logged": None, "engine_config": None, "allreduce_backends": {}, "nccl_version": None,
-         "allreduce_fusion_off": [], "errors": [], "n_warnings": 0, "comm_lines": []}
+         "allreduce_fusion_off": [], "dummy_weights": None, "errors": [], "n_warnings": 0, "comm_lines": []}
     for rec in log_records(text):
         msg, proc = rec["msg"], rec["proc"] or "main"
         if rec["level"] in ("ERROR", "CRITICAL") and len(r["errors"]) < 10: r["errors"].append(f"{proc}: {msg[:300]}")
@@ -96,6 +97,7 @@ def parse_engine_log(text:str)->dict:
             elif key == "async_scheduling": r[key] = g[0]
             elif key == "allreduce_backends": r[key].setdefault(g[1], re.findall(r"'([^']+)'", g[0]))
             elif key == "nccl_version": r[key] = g[0]
+            elif key == "dummy_weights": r[key] = r[key] or g[0][:400]
             elif key == "engine_config": r["vllm_version_logged"], r[key] = g[0], g[1][:3000]
             elif key == "allreduce_fusion_off":
                 if g[0] not in r[key]: r[key].append(g[0])                  # why vLLM left the fusion pass out

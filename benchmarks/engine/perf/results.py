@@ -69,7 +69,7 @@ def settings(a, phase:str)->dict:
     return {"config": a.config, "phase": phase, "tp": a.tp, "max_model_len": a.max_model_len,
             "kv_cache_memory_bytes": a.kv_bytes, "max_num_seqs": a.max_num_seqs,
             "max_num_batched_tokens": a.max_num_batched_tokens, "prefix_caching": False, "dtype": "bfloat16",
-            "load_format": "dummy", "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
+            "load_format": _dummy(a)["load_format"], "dummy_weights": a.dummy_weights, "quantization": "compressed-tensors NVFP4 (routed experts), BF16 elsewhere",
             "enforce_eager": phase == "eager", "compile": None if phase == "eager" else a.compile,
             "cudagraph_capture_sizes": None if phase == "eager" else sorted(a.capture_sizes),
             "moe_backend_requested": a.moe_backend, "attention_backend_requested": a.attention_backend,
@@ -92,7 +92,11 @@ def new_result(a, phase:str, argv:list)->dict:
             "versions": None, "gpu": None, "env": None, "plugin": None, "engine": None, "kv_pool": None,
             "memory": None, "figures": {}, "figure_details": {}, "profile": None, "sanity": {}, "skipped": [], "errors": [],
             "timeline": [], "roofline_source": "solar_open2.budget.decode_ceiling, H200 4.8e12 B/s per GPU, same TP/context/batch",
-            "config_note": CONFIG_NOTES.get(a.config)}
+            "config_note": CONFIG_NOTES.get(a.config), "dummy_weights": _dummy(a)}
+
+def _dummy(a)->dict:
+    from benchmarks.engine.perf.run import dummy_weights      # run imports this module: late
+    return dummy_weights(a)
 
 # --------------------------------------------------------------------------------------------------------------
 # merge and acceptance, the A/B summary
@@ -102,8 +106,10 @@ ACCEPT_GRAPHS_OVER_EAGER = 2.0
 ACCEPT_FRACTION = 0.60
 
 def merge(eager:dict|None, graphs:dict|None)->dict:
-    "One summary of both phases: each figure's eager and graphs values, their ratio, and the acceptance checks."
-    phases = {k: v for k, v in (("eager", eager), ("graphs", graphs)) if v}
+    """One summary of both phases: each figure's eager and graphs values, their ratio, and the acceptance checks. Only
+    figures that passed their sanity gate are summarised (each phase is read through `gated`, so a file written before
+    the gate cannot bring in a failed figure); the others are listed under `gated_out`."""
+    phases = {k: gated(v, strict=False) for k, v in (("eager", eager), ("graphs", graphs)) if v}
     if not phases: raise ValueError("nothing to merge: neither phase has results")
     keys = sorted({k for r in phases.values() for k in r.get("figures", {})}, key=_figure_order)
     rows = []
@@ -114,7 +120,7 @@ def merge(eager:dict|None, graphs:dict|None)->dict:
                      "roofline_tok_s": any_["roofline_tok_s"], "roofline_kind": any_["roofline_kind"],
                      "eager_tok_s": e and e["value_tok_s"], "graphs_tok_s": g and g["value_tok_s"],
                      "eager_fraction": e and e["fraction_of_roofline"], "graphs_fraction": g and g["fraction_of_roofline"],
-                     "graphs_over_eager": (g["value_tok_s"] / e["value_tok_s"]) if e and g else None})
+                     "graphs_over_eager": (g["value_tok_s"] / e["value_tok_s"]) if e and g else None, "gate": "passed"})
     first = next(iter(phases.values()))
     d2k = next((r for r in rows if r["kind"] == "decode" and r["batch"] == 1), None)
     kv = {p: (r.get("kv_pool") or {}).get("comparison") for p, r in phases.items()}
@@ -131,7 +137,9 @@ def merge(eager:dict|None, graphs:dict|None)->dict:
                            "wall_s": r.get("wall_s"), "versions": r.get("versions"), "gpu": (r.get("gpu") or {}).get("name"),
                            "settings": r.get("settings"), "memory": r.get("memory"), "skipped": r.get("skipped"),
                            "init_s": (r.get("engine") or {}).get("init_s")} for p, r in phases.items()},
-            "rows": rows, "kv_pool": kv, "nvfp4_moe_backend": moe, "acceptance": acc,
+            "rows": rows, "kv_pool": kv, "nvfp4_moe_backend": moe, "acceptance": acc, "gate_rule": GATE_RULE,
+            "gated_out": {p: r["gate"]["gated_out"] for p, r in phases.items()},
+            "dummy_weights": {p: (r.get("dummy_weights") or {}).get("name") for p, r in phases.items()},
             "profile": {p: r.get("profile") for p, r in phases.items() if r.get("profile")}}
 
 def _figure_order(k:str):
@@ -168,10 +176,12 @@ def run_merge(a)->int:
     return 0
 
 def ab_summary(runs:dict)->dict:
-    "Figures and profile families of each A/B variant (first = baseline), with each figure's ratio to the baseline."
+    """Figures and profile families of each A/B variant (first = baseline), with each figure's ratio to the baseline;
+    only figures that passed their sanity gate (each run read through `gated`), the others under `gated_out`."""
+    runs = {n: gated(r or {}, strict=False) for n, r in runs.items()}
     names = list(runs)
     base = runs[names[0]] or {}
-    out = {"schema": SCHEMA, "benchmark": "perf_h200", "phase": "ab", "baseline": names[0], "variants": {}}
+    out = {"schema": SCHEMA, "benchmark": "perf_h200", "phase": "ab", "baseline": names[0], "gate_rule": GATE_RULE, "variants": {}}
     for n in names:
         r = runs[n] or {}
         figs = r.get("figures", {})
@@ -179,6 +189,7 @@ def ab_summary(runs:dict)->dict:
         out["variants"][n] = {
             "status": r.get("status"), "error": r.get("error"), "command": r.get("command"),
             "settings": r.get("settings"), "init_s": (r.get("engine") or {}).get("init_s"),
+            "dummy_weights": (r.get("dummy_weights") or {}).get("name"), "gated_out": r["gate"]["gated_out"],
             "figures": {k: {"value_tok_s": f["value_tok_s"], "fraction_of_roofline": f["fraction_of_roofline"],
                             "itl_median_ms": f.get("itl_median_ms"),
                             "over_baseline": (f["value_tok_s"] / base["figures"][k]["value_tok_s"])

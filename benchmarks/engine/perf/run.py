@@ -19,6 +19,7 @@ MODULE = "benchmarks.engine.perf"                     # what the drivers start a
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT = "solar_open2 = solar_open2.vllm:register"
+DUMMY_ENTRY_POINT = "solar_open2_dummy = solar_open2.vllm.dummy:register_loader"   # the benchmark's load format, in every process
 SHIM_DIST = "solar_open2_perf_plugin_shim-0.0.0.dist-info"
 
 # Set in this process before vllm is imported; inherited by every process vLLM starts.
@@ -61,13 +62,33 @@ def installed_entry_point(group:str=ENTRY_POINT_GROUP, name:str="solar_open2"):
     from importlib.metadata import entry_points
     return next((e for e in entry_points(group=group) if e.name == name), None)
 
-def write_plugin_shim(root:Path, entry_point:str=ENTRY_POINT, group:str=ENTRY_POINT_GROUP)->Path:
-    "A minimal `*.dist-info` under `root` declaring `entry_point` in `group`; put `root` on sys.path/PYTHONPATH."
+def write_plugin_shim(root:Path, entry_point:str|list=ENTRY_POINT, group:str=ENTRY_POINT_GROUP)->Path:
+    "A minimal `*.dist-info` under `root` declaring `entry_point` (one or a list) in `group`; put `root` on sys.path/PYTHONPATH."
     d = Path(root) / SHIM_DIST
     d.mkdir(parents=True, exist_ok=True)
     (d / "METADATA").write_text("Metadata-Version: 2.1\nName: solar_open2_perf_plugin_shim\nVersion: 0.0.0\n")
-    (d / "entry_points.txt").write_text(f"[{group}]\n{entry_point}\n")
+    eps = [entry_point] if isinstance(entry_point, str) else list(entry_point)
+    (d / "entry_points.txt").write_text(f"[{group}]\n" + "".join(f"{e}\n" for e in eps))
     return Path(root)
+
+def shim_entry_points(a)->list:
+    """The entry points the run's throw-away dist-info declares: the plugin's unless it is installed, and with
+    `--dummy-weights realistic-v1` the load format's (`solar_open2.vllm.dummy.register_loader`), which `register()`
+    leaves out (it imports no model-loading code)."""
+    eps = [] if installed_entry_point() is not None else [ENTRY_POINT]
+    if a.dummy_weights != "vllm" and installed_entry_point(name="solar_open2_dummy") is None: eps.append(DUMMY_ENTRY_POINT)
+    return eps
+
+def dummy_weights(a)->dict:
+    "Which dummy weights a run serves (recorded in the JSON): the name, vLLM's load format, the distribution assumed."
+    if a.dummy_weights == "vllm":
+        return {"name": "vllm", "load_format": "dummy",
+                "distribution": "vLLM's DummyModelLoader: every float parameter uniform in [-1e-3, 1e-3] (FP8 block "
+                                "scales and global scales included), packed codes as allocated; the router's bias "
+                                "decides the experts (chapter vllm/dummy)"}
+    from solar_open2.vllm.dummy import DISTRIBUTION, DUMMY_WEIGHTS, LOAD_FORMAT
+    if a.dummy_weights != DUMMY_WEIGHTS: raise ValueError(f"--dummy-weights {a.dummy_weights}: the plugin has {DUMMY_WEIGHTS}")
+    return {"name": DUMMY_WEIGHTS, "load_format": LOAD_FORMAT, "distribution": DISTRIBUTION}
 
 def prepend_path(env:dict, *dirs)->str:
     "PYTHONPATH of `env` with `dirs` first (no duplicates); returns the new value."
@@ -85,8 +106,8 @@ def setup_environment(shim_root:Path|None, extra:dict|None=None)->dict:
     prepend_path(os.environ, *dirs)
     for d in reversed(dirs):
         if str(d) not in sys.path: sys.path.insert(0, str(d))
-    if os.environ.get("VLLM_PLUGINS") and "solar_open2" not in os.environ["VLLM_PLUGINS"].split(","):
-        os.environ["VLLM_PLUGINS"] += ",solar_open2"
+    for name in ("solar_open2", "solar_open2_dummy"):           # an allow-list of plugins, if set, names ours
+        if os.environ.get("VLLM_PLUGINS") and name not in os.environ["VLLM_PLUGINS"].split(","): os.environ["VLLM_PLUGINS"] += "," + name
     import importlib; importlib.invalidate_caches()
     keys = list(RUN_ENV) + list(NVLINK_ENV) + ["PYTHONPATH", "VLLM_PLUGINS", "VLLM_WORKER_MULTIPROC_METHOD",
                                                "CUDA_VISIBLE_DEVICES", "VLLM_ALLREDUCE_USE_SYMM_MEM"] + list(extra or {})
@@ -109,7 +130,7 @@ def register_plugin()->str:
 def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
     "Keyword arguments of `vllm.LLM` for one phase."
     if phase not in PHASES: raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    kw = dict(model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", dtype="bfloat16",
+    kw = dict(model=str(model_dir), skip_tokenizer_init=True, load_format=dummy_weights(a)["load_format"], dtype="bfloat16",
               tensor_parallel_size=a.tp, max_model_len=a.max_model_len, kv_cache_memory_bytes=a.kv_bytes,
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
               enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
@@ -381,7 +402,7 @@ def run_phase(a, phase:str, argv:list)->int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if log_path.exists(): log_path.unlink()
     shim = None
-    if not a.no_shim and installed_entry_point() is None: shim = write_plugin_shim(work / "plugin_shim")
+    if not a.no_shim and shim_entry_points(a): shim = write_plugin_shim(work / "plugin_shim", shim_entry_points(a))
     res["env"] = setup_environment(shim, dict(a.env or []))
     res["gpu"] = gpu_info()
     res["kv_pool"] = {"predicted": kv_prediction(a)}
@@ -397,6 +418,11 @@ def run_phase(a, phase:str, argv:list)->int:
         try:
             res["plugin"] = {"register": register_plugin(), "shim": str(shim) if shim else None,
                              "entry_point_seen": str(installed_entry_point())}
+            if a.dummy_weights != "vllm":                             # this process too (an in-process engine core)
+                from solar_open2.vllm.dummy import register_loader
+                register_loader()
+            print(f"[perf_h200] {name}: dummy weights {res['dummy_weights']['name']} (load_format="
+                  f"{res['dummy_weights']['load_format']})", flush=True)
             res["versions"] = versions()
             from vllm import LLM
             model_dir = write_model_dir(a.config, model_dir_for(a))
@@ -445,7 +471,9 @@ def run_phase(a, phase:str, argv:list)->int:
 
 def summary_text(res:dict)->str:
     "A few lines for the console."
-    lines = [f"{res.get('phase')} [{res.get('status')}] {res.get('error') or ''}".rstrip()]
+    lines = [f"{res.get('phase')} [{res.get('status')}] {res.get('error') or ''}".rstrip(),
+             f"  dummy weights: {(res.get('dummy_weights') or {}).get('name', 'not recorded')}"
+             + (f" ({res['engine']['log_final']['dummy_weights']})" if ((res.get('engine') or {}).get('log_final') or {}).get('dummy_weights') else "")]
     for k, f in res.get("figures", {}).items():
         ok = sanity_passed((res.get("sanity") or {}).get(k))
         lines.append(f"  {k:22s} {f['value_tok_s']:10.1f} tok/s  = {100 * f['fraction_of_roofline']:5.1f}% of "
