@@ -390,7 +390,7 @@ def test_kda_reference_chapter_agrees(kda_bench):
     assert (got - y[0].float()).abs().max().item() < 2e-2 * y.abs().max().item()   # bf16 projections vs fp32: ~0.5%
 
 
-@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "eagle3", "dspark"])
+@pytest.mark.parametrize("method", ["mtp", "deepseek_mtp", "qwen3_next_mtp"])
 def test_speculative_methods_the_model_cannot_run_are_refused(tiny_dirs, method):
     from solar_open2.vllm.config import SolarOpen2ConfigHook
     from solar_open2.vllm.model import SolarOpen2ForCausalLM
@@ -553,7 +553,9 @@ import json, torch
 import torch.nn.functional as F
 from solar_open2.vllm.testing import force_cpu_platform
 force_cpu_platform()
-import triton.language as tl, vllm.model_executor.layers.fla.ops.fused_recurrent as fr
+import importlib, triton.language as tl
+from solar_open2.vllm.compat import fused_recurrent_kda
+fr = importlib.import_module(fused_recurrent_kda.__module__.rsplit('.', 1)[0] + '.fused_recurrent')   # the kernel's module, beside kda
 fr.exp = lambda x: tl.exp(x)   # the kernel module binds tl.exp at import; the interpreter patches tl only at run time
 from solar_open2.vllm.kda import torch_kernels, fused_recurrent_kda_spec, kda_beta
 from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update

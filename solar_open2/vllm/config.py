@@ -68,12 +68,11 @@ def solar_config_of(hf_config)->SolarOpen2Config:
 
 # %% ../../nbs/08_vllm/02_config.ipynb #f6f8e8e4
 SPEC_DECODE_ERROR = ("Solar-Open2 (solar_open2 plugin): speculative method {method!r} is not supported: {why}. "
-                     "Use a proposer that needs only the target's logits and last hidden state (ngram, ngram_gpu, "
-                     "suffix, draft_model, eagle, medusa, mlp_speculator), or remove --speculative-config.")
-_AUX_HIDDEN_METHODS = ("eagle3", "dspark", "dflash", "extract_hidden_states")
+                     "Use a proposer that needs only the target's logits and hidden states (ngram, suffix, draft_model, "
+                     "eagle, eagle3, ...), or remove --speculative-config.")
 
 def refuse_speculative(vllm_config)->None:
-    "Raise `NotImplementedError` if `vllm_config` asks for a speculative method the model cannot run (MTP; intermediate hidden states)."
+    "Raise `NotImplementedError` if `vllm_config` asks for a speculative method the model cannot run (multi-token prediction)."
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None: return
     method = getattr(spec, "method", None)
@@ -82,9 +81,6 @@ def refuse_speculative(vllm_config)->None:
     if method == "mtp" or method.endswith("_mtp"):
         raise NotImplementedError(SPEC_DECODE_ERROR.format(method=method, why="multi-token prediction runs the "
                                   "checkpoint's own MTP layers, and Solar-Open2 checkpoints have none"))
-    if method in _AUX_HIDDEN_METHODS:
-        raise NotImplementedError(SPEC_DECODE_ERROR.format(method=method, why="its draft head reads the target's "
-                                  "intermediate hidden states (vLLM's SupportsEagle3), which the plugin model does not return"))
 
 class SolarOpen2ConfigHook:
     "vLLM's per-architecture config hook (`MODELS_CONFIG_MAP`): refuse what the model cannot run, before workers start."

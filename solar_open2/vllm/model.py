@@ -23,7 +23,7 @@ from vllm.model_executor.layers.linear import ColumnParallelLinear, QKVParallelL
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.model_executor.models.interfaces import EagleModelMixin, HasInnerState, IsHybrid, SupportsEagle, SupportsEagle3
 from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
@@ -100,8 +100,8 @@ class SolarOpen2DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "intermediate_tensors": 0, "inputs_embeds": 0})
-class SolarOpen2Model(nn.Module):
-    "Embedding, the decoder layers, the final norm."
+class SolarOpen2Model(nn.Module, EagleModelMixin):
+    "Embedding, the decoder layers, the final norm; the residual stream at the tap layers for a draft head (`aux_hidden_state_layers`)."
     def __init__(self, *, vllm_config:VllmConfig, prefix:str="", opts:Options|None=None):
         super().__init__()
         config = solar_config_of(vllm_config.model_config.hf_config)
@@ -118,10 +118,12 @@ class SolarOpen2Model(nn.Module):
                 intermediate_tensors:IntermediateTensors|None=None, inputs_embeds:torch.Tensor|None=None)->torch.Tensor:
         h = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)   # [T, hidden]
         residual = None
-        for layer in self.layers[self.start_layer:self.end_layer]:
-            h, residual = layer(positions, h, residual)
+        aux = self._maybe_add_hidden_state([], 0, h, residual)                 # tap i: the stream entering layer i (0: the embeddings)
+        for i in range(self.start_layer, self.end_layer):
+            h, residual = self.layers[i](positions, h, residual)
+            self._maybe_add_hidden_state(aux, i + 1, h, residual)              # [T, hidden] each; tap L: the last layer's output
         h, _ = self.norm(h, residual)
-        return h
+        return (h, aux) if aux else h
 
 # %% ../../nbs/08_vllm/07_model.ipynb #fa32a36a
 def model_options(vllm_config, # the `VllmConfig` the model is built for
@@ -190,7 +192,7 @@ def engine_start_check(model:nn.Module)->list:
     return res
 
 # %% ../../nbs/08_vllm/07_model.ipynb #9e9d7267
-class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid):
+class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsEagle, SupportsEagle3):
     "Solar-Open2 for vLLM 0.25.1: hybrid KDA / gated-GQA decoder with a sigmoid-routed MoE in every layer."
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
                               "qkvb_proj": ["q_proj", "k_proj", "v_proj", "b_proj"],   # fused KDA projections (default)
