@@ -1043,3 +1043,20 @@ def test_merge_and_ab_report_only_figures_that_passed_their_gate():
     ab = ph.ab_summary({"base": old, "other": {**old, "sanity": {k: {"passed": True} for k in old["figures"]}}})
     assert list(ab["variants"]["base"]["figures"]) == ["decode_bs8"] and ab["variants"]["base"]["gated_out"] == ["decode_bs32", "decode_bs64"]
     assert ab["variants"]["other"]["figures"]["decode_bs32"]["over_baseline"] is None     # no baseline that passed: no ratio
+
+
+def test_the_history_view_shows_every_figure_with_its_verdict_and_is_never_current():
+    """`merge(gate=False)` (chapter 09a's view of runs made before the gate) keeps every measured figure, gated out or
+    not, and labels each row with its verdict; the default merge of the same files keeps only what passed."""
+    fig = lambda v: {"kind": "decode", "context": 2048, "batch": 1, "value_tok_s": v, "roofline_tok_s": 480.0,
+                     "roofline_kind": "decode-bandwidth", "fraction_of_roofline": v / 480}
+    e = {"status": "complete", "figures": {"decode_bs1_ctx2048": fig(6.0)}, "sanity": {"decode_bs1_ctx2048": {"degenerate": True}}}
+    g = ph.gated({"status": "complete", "figures": {"decode_bs1_ctx2048": fig(107.0), "decode_bs8": {**fig(800.0), "kind": "batch", "batch": 8}},
+                  "sanity": {"decode_bs1_ctx2048": {"degenerate": True}, "decode_bs8": {"passed": True}}})
+    assert "decode_bs1_ctx2048" in g["gated_out"]                                   # the writer's view moved it out
+    hist = ph.merge(e, g, gate=False)
+    assert hist["phase"] == "merged_as_measured"
+    assert {r["figure"]: r["gate"] for r in hist["rows"]} == {"decode_bs1_ctx2048": "failed", "decode_bs8": "passed"}
+    assert abs(hist["acceptance"]["graphs_over_eager_decode_bs1"] - 107 / 6) < 1e-9
+    cur = ph.merge(e, g)
+    assert [r["figure"] for r in cur["rows"]] == ["decode_bs8"] and cur["acceptance"]["graphs_over_eager_decode_bs1"] is None

@@ -105,11 +105,26 @@ def _dummy(a)->dict:
 ACCEPT_GRAPHS_OVER_EAGER = 2.0
 ACCEPT_FRACTION = 0.60
 
-def merge(eager:dict|None, graphs:dict|None)->dict:
+def _verdict(v:bool|None)->str: return "passed" if v else "failed" if v is False else "unchecked"
+
+def as_measured(res:dict)->dict:
+    """A phase result with every figure it measured, gated or not (the history's view of runs made before the gate
+    existed): `figures` holds them all, and each one's gate verdict ("passed", "failed", "unchecked") is in `verdicts`."""
+    out = dict(res)
+    figs = dict(res.get("figures") or {})
+    for k, held in (res.get("gated_out") or {}).items(): figs.setdefault(k, held["figure"])
+    san = res.get("sanity") or {}
+    out["figures"], out["gated_out"] = figs, {}
+    out["verdicts"] = {k: _verdict(sanity_passed(san.get(k))) for k in figs}
+    return out
+
+def merge(eager:dict|None, graphs:dict|None, gate:bool=True)->dict:
     """One summary of both phases: each figure's eager and graphs values, their ratio, and the acceptance checks. Only
     figures that passed their sanity gate are summarised (each phase is read through `gated`, so a file written before
-    the gate cannot bring in a failed figure); the others are listed under `gated_out`."""
-    phases = {k: gated(v, strict=False) for k, v in (("eager", eager), ("graphs", graphs)) if v}
+    the gate cannot bring in a failed figure); the others are listed under `gated_out`. `gate=False` is the history's
+    view (chapter 09a): every figure as it was measured, each row saying its gate verdict; never a current result."""
+    view = (lambda v: gated(v, strict=False)) if gate else as_measured
+    phases = {k: view(v) for k, v in (("eager", eager), ("graphs", graphs)) if v}
     if not phases: raise ValueError("nothing to merge: neither phase has results")
     keys = sorted({k for r in phases.values() for k in r.get("figures", {})}, key=_figure_order)
     rows = []
@@ -120,7 +135,9 @@ def merge(eager:dict|None, graphs:dict|None)->dict:
                      "roofline_tok_s": any_["roofline_tok_s"], "roofline_kind": any_["roofline_kind"],
                      "eager_tok_s": e and e["value_tok_s"], "graphs_tok_s": g and g["value_tok_s"],
                      "eager_fraction": e and e["fraction_of_roofline"], "graphs_fraction": g and g["fraction_of_roofline"],
-                     "graphs_over_eager": (g["value_tok_s"] / e["value_tok_s"]) if e and g else None, "gate": "passed"})
+                     "graphs_over_eager": (g["value_tok_s"] / e["value_tok_s"]) if e and g else None,
+                     "gate": "passed" if gate else "/".join(sorted({r.get("verdicts", {}).get(k, "unchecked")
+                                                                   for r in phases.values() if k in r["figures"]}))})
     first = next(iter(phases.values()))
     d2k = next((r for r in rows if r["kind"] == "decode" and r["batch"] == 1), None)
     kv = {p: (r.get("kv_pool") or {}).get("comparison") for p, r in phases.items()}
@@ -132,13 +149,13 @@ def merge(eager:dict|None, graphs:dict|None)->dict:
            "kv_pool_match": {p: c and c.get("match") for p, c in kv.items()}}
     acc["graphs_over_eager_ok"] = None if acc["graphs_over_eager_decode_bs1"] is None else acc["graphs_over_eager_decode_bs1"] >= ACCEPT_GRAPHS_OVER_EAGER
     acc["fraction_ok"] = None if acc["graphs_fraction_decode_bs1"] is None else acc["graphs_fraction_decode_bs1"] >= ACCEPT_FRACTION
-    return {"schema": SCHEMA, "benchmark": "perf_h200", "phase": "merged", "config": first.get("config"),
+    return {"schema": SCHEMA, "benchmark": "perf_h200", "phase": "merged" if gate else "merged_as_measured", "config": first.get("config"),
             "phases": {p: {"status": r.get("status"), "command": r.get("command"), "started_utc": r.get("started_utc"),
                            "wall_s": r.get("wall_s"), "versions": r.get("versions"), "gpu": (r.get("gpu") or {}).get("name"),
                            "settings": r.get("settings"), "memory": r.get("memory"), "skipped": r.get("skipped"),
                            "init_s": (r.get("engine") or {}).get("init_s")} for p, r in phases.items()},
             "rows": rows, "kv_pool": kv, "nvfp4_moe_backend": moe, "acceptance": acc, "gate_rule": GATE_RULE,
-            "gated_out": {p: r["gate"]["gated_out"] for p, r in phases.items()},
+            "gated_out": {p: (r.get("gate") or {}).get("gated_out", []) for p, r in phases.items()},
             "dummy_weights": {p: (r.get("dummy_weights") or {}).get("name") for p, r in phases.items()},
             "profile": {p: r.get("profile") for p, r in phases.items() if r.get("profile")}}
 
