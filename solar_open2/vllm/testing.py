@@ -138,6 +138,15 @@ def spec_vllm_config(model_dir, num_spec:int=3, dtype:str="float32", **vllm_kwar
                            target_model_config=base.model_config, target_parallel_config=base.parallel_config)
     return cpu_vllm_config(model_dir, dtype=dtype, speculative_config=sc, **vllm_kwargs)
 
+def _step_extras(cls, ql, done, drafts)->dict:
+    "Fields later releases added to `CommonAttentionMetadata` that the GDN builder reads (0.33.0: `seq_lens_cpu_upper_bound`, `is_prefilling`)."
+    import dataclasses
+    have = {f.name for f in dataclasses.fields(cls)}
+    # a row is prefilling unless it verifies drafts or decodes one token on a computed prefix
+    pre = (ql > 1) | (done == 0) if drafts is None else torch.tensor(drafts) < 0                        # [reqs] bool
+    extras = {"seq_lens_cpu_upper_bound": done + ql, "is_prefilling": pre}                               # exact here: no async drafts
+    return {k: v for k, v in extras.items() if k in have}
+
 def gdn_step(vllm_config, # the config the layer was built with (its speculative config sets the slots per request)
              query_lens:list, # tokens of each request in this step, verifies first (the engine's order)
              computed:list, # tokens each request had computed before the step (0: a new sequence)
@@ -145,21 +154,22 @@ def gdn_step(vllm_config, # the config the layer was built with (its speculative
              drafts:list|None=None, # draft tokens each request verifies (-1: a prefill); None: no speculation this step
              num_accepted:list|None=None, # accepted tokens of each request's previous step (1 + accepted drafts)
             ):
-    "vLLM's `GDNAttentionMetadata` for one step, made by its own builder as the model runner calls it."
+    "vLLM's `GDNAttentionMetadata` for one step, made by the KDA layer's builder (vLLM's, amended) as the model runner calls it."
     from vllm.v1.attention.backend import CommonAttentionMetadata
-    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+    from solar_open2.vllm.kda import SolarOpen2GDNBackend
     from vllm.v1.kv_cache_interface import MambaSpec
     sc = vllm_config.speculative_config
     k = sc.num_speculative_tokens if sc is not None else 0
     spec = MambaSpec(shapes=((1, 1), (1, 1, 1)), dtypes=(torch.float32, torch.float32), block_size=-1, num_speculative_blocks=k)
-    b = GDNAttentionMetadataBuilder(spec, ["bench"], vllm_config, torch.device("cpu"))
+    b = SolarOpen2GDNBackend.get_builder_cls()(spec, ["bench"], vllm_config, torch.device("cpu"))
     ql, done = torch.tensor(query_lens, dtype=torch.int32), torch.tensor(computed, dtype=torch.int32)
     qsl = torch.zeros(len(ql) + 1, dtype=torch.int32); qsl[1:] = ql.cumsum(0)            # [reqs + 1]
     rows = torch.tensor([[s] if isinstance(s, int) else list(s) for s in slots], dtype=torch.int32)   # [reqs, 1 + k]
     T = int(qsl[-1])
     m = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=done + ql, num_reqs=len(ql),
                                 num_actual_tokens=T, max_query_len=int(ql.max()), max_seq_len=int((done + ql).max()),
-                                block_table_tensor=rows, slot_mapping=torch.zeros(T, dtype=torch.int64))
+                                block_table_tensor=rows, slot_mapping=torch.zeros(T, dtype=torch.int64),
+                                **_step_extras(CommonAttentionMetadata, ql, done, drafts))
     acc = None if num_accepted is None else torch.tensor(num_accepted, dtype=torch.int32)
     dr = None if drafts is None else torch.tensor(drafts, dtype=torch.int32)
     import vllm.utils.torch_utils as tu, vllm.v1.attention.backends.utils as bu
