@@ -147,11 +147,14 @@ def train(steps:int=2400, # optimizer steps
           mix:dict|None=None, # make_batch's corpus options (recall, copy, all_queries, min_pairs)
           init:str|None=None, # start from these trained weights (a file `save_trained` wrote) instead of the seeded ones
           kda_chunk:int=8, # KDA's chunk under autograd: larger is fewer Python steps (a GPU's bottleneck here), more memory
+          loss_per:str="row", # "row": every row's mean target loss weighs the same; "token": every target token does
+          probe_every:int=0, # every this many steps, log the recall accuracy on 8 fresh prompts (0: never)
           device:str="cuda", seed:int=0,
           budget_s:float|None=None, # wall-clock budget: the schedule runs on max(step/steps, elapsed/budget), stopping at 1
           log_every:int=100, log=print, # a function of one line
          )->tuple: # (the trained model in fp32 on `device`, the log as a list of dicts)
     "Train the tiny configuration from its seeded initial weights on the corpus above; deterministic corpus and init."
+    if loss_per not in ("row", "token"): raise ValueError(f"train: loss_per must be 'row' or 'token', got {loss_per!r}")
     torch.manual_seed(seed)
     rng, w, cfg = random.Random(seed), Words(), SolarOpen2Config.tiny()
     model = SolarOpen2ForCausalLM(cfg)
@@ -181,7 +184,13 @@ def train(steps:int=2400, # optimizer steps
             for grp in opt.param_groups: grp["lr"] = lr_at(step, p)
             X, Y = (t.to(device) for t in make_batch(w, rng, batch, seq, **(mix or {})))
             logits, _ = model(X)                                                 # [B, T, V] fp32
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), Y.reshape(-1), ignore_index=-100)
+            lt = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), Y.reshape(-1), ignore_index=-100,
+                                 reduction="none").view(Y.shape)                # [B, T], 0 where no target
+            has = (Y != -100).float()                                           # [B, T]
+            if loss_per == "row":                                               # each row's mean, then the mean over rows
+                n = has.sum(1)                                                  # [B]
+                loss = (lt.sum(1) / n.clamp_min(1))[n > 0].mean()
+            else: loss = lt.sum() / has.sum().clamp_min(1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -192,6 +201,8 @@ def train(steps:int=2400, # optimizer steps
             if step % log_every == 0 or last:
                 hist.append({"step": step, "loss": round(run_loss, 4), "grad_norm": round(float(gn), 3), "max_load": round(imb, 2),
                              "lr": round(opt.param_groups[0]["lr"], 6), "s": round(time.perf_counter() - t0, 1)})
+                if probe_every and (step % probe_every == 0 or last):
+                    model.eval(); hist[-1]["recall"] = round(recall_accuracy(model, w, n=8)["accuracy"], 3); model.train()
                 log(json.dumps(hist[-1]))
             if last: break
     loads.remove()
@@ -331,6 +342,8 @@ def cli_train(argv:list|None=None)->int:
     ap.add_argument("--all-queries", action="store_true", help="recall rows query every pair (default: 4-12 of them)")
     ap.add_argument("--min-pairs", type=int, default=8, help="least pairs in a recall row")
     ap.add_argument("--kda-chunk", type=int, default=8, help="KDA's chunk under autograd (a power of two; 32 on a GPU: fewer, larger kernels)")
+    ap.add_argument("--loss-per", choices=("row", "token"), default="row", help="weigh every row's mean target loss the same (row) or every target token (token); default row")
+    ap.add_argument("--probe-every", type=int, default=0, help="log the recall accuracy on 8 fresh prompts every this many steps (default 0: never)")
     ap.add_argument("--init", help="continue from this trained file (written by this command; checked against its .json record)")
     ap.add_argument("--seed", type=int, default=0); ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
@@ -348,14 +361,15 @@ def cli_train(argv:list|None=None)->int:
         except (OSError, ValueError) as e: print(f"train: --init: {e}", file=sys.stderr); return 2
     try: make_batch(Words(), random.Random(0), 1, a.seq, **mix)
     except ValueError as e: print(f"train: {e}", file=sys.stderr); return 2
-    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk)
+    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk,
+                        loss_per=a.loss_per, probe_every=a.probe_every)
     train_s = time.perf_counter() - t0
     ev = {"facts": facts_accuracy(model), "recall": recall_accuracy(model), "copy": copy_accuracy(model)}
     print(json.dumps(ev))
     dev = torch.cuda.get_device_name() if str(a.device).startswith("cuda") else platform.processor() or "cpu"
     meta = {"command": " ".join(["python -m solar_open2.train", *(argv if argv is not None else sys.argv[1:])]),
             "device": dev, "torch": torch.__version__, "steps": hist[-1]["step"], "max_steps": a.steps, "budget_s": a.budget_s, "batch": a.batch, "seq": a.seq, "lr": a.lr,
-            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
+            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "loss_per": a.loss_per, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
     sha = save_trained(model, out, meta)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha}) after {train_s:.0f} s")
     return 0
