@@ -531,6 +531,113 @@ def test_spec_verify_in_a_mixed_batch_equals_sequential_decode(spec_bench, j):
             assert rel_rms(ref.verify(xa[None, 9:13], s_other)[0][0], y[:4]) > 1e-3, other
 
 
+@pytest.mark.parametrize("j", [0, 1, 3])
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_step_without_drafts_resumes_after_the_accepted_drafts(spec_bench, j, beside):
+    """A decode that got no drafts (ngram found no match: the runner marks it -1) after a verify that accepted j drafts,
+    alone (vLLM 0.25.1/0.26.0 then skip the speculative path for the whole step) or beside another request's verify (it
+    becomes a one-token prefill): its output and state equal the reference's j+1 sequential steps and then this one
+    (fp32, <= 1e-5). Without `fold_accepted` it resumed from the verify's first token: the GPU run's divergence."""
+    from solar_open2.kda import rel_rms
+    from solar_open2.vllm.testing import gdn_step
+    b, ref = spec_bench, spec_bench.ref
+    layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", slots=17)
+    run = lambda x, md: run_layer(layer, x, md, b.vc)
+    close = lambda a, c: rel_rms(a, c) <= 1e-5
+    A, E = [1, 2, 3, 4], [5, 6, 7, 8]
+    torch.manual_seed(20 + j)
+    xa, xe = torch.randn(5 + 4 + 1, 256), torch.randn(5 + 4 + 3, 256)
+    with torch.no_grad():
+        run(torch.cat([xa[:5], xe[:5]]), gdn_step(b.vc, [5, 5], [0, 0], [A, E]))                             # two prefills
+        run(torch.cat([xa[5:9], xe[5:9]]), gdn_step(b.vc, [4, 4], [5, 5], [A, E], drafts=[3, 3], num_accepted=[1, 1]))
+        if beside:   # E verifies 1+2 after accepting 1 draft; A has no draft this step
+            md = gdn_step(b.vc, [3, 1], [5 + 2, 6 + j], [E, A], drafts=[2, -1], num_accepted=[2, j + 1])
+            y = run(torch.cat([xe[9:12], xa[9:10]]), md)[3:]
+        else:
+            y = run(xa[9:10], gdn_step(b.vc, [1], [6 + j], [A], drafts=[-1], num_accepted=[j + 1]))
+        _, sa = _ref_steps(ref, xa[:5], None, False)
+        _, sa = _ref_steps(ref, xa[5:6 + j], sa)                                   # the verify's accepted tokens
+        want, sa = _ref_steps(ref, xa[9:10], sa)                                    # then this step's token
+        assert close(y, want), rel_rms(y, want)
+        got = _spec_state(layer, A[0], A[0], 0)
+        assert close(got.recurrent, sa.recurrent) and close(got.conv, sa.conv)
+
+
+@pytest.mark.parametrize("reqs", [1, 3])
+def test_a_random_walk_of_verifies_and_plain_steps_follows_the_reference(spec_bench, reqs):
+    """Twenty engine steps after the prefills, each request at each step either without drafts (the runner's -1: one
+    token) or verifying 1-3 drafts of which a random number is accepted, as an ngram proposer produces them; metadata
+    from the layer's builder with the previous step's accepted counts: every output of every step equals the reference
+    layer run token by token over the same inputs from the state the accepted tokens left (fp32, <= 1e-5)."""
+    import random
+    from solar_open2.kda import rel_rms
+    from solar_open2.vllm.testing import gdn_step
+    b, ref = spec_bench, spec_bench.ref
+    layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", slots=1 + 4 * reqs)
+    run = lambda x, md: run_layer(layer, x, md, b.vc)
+    rng = random.Random(reqs); torch.manual_seed(30 + reqs)
+    rows = [[1 + 4 * r + i for i in range(4)] for r in range(reqs)]
+    xs = [torch.randn(5, 256) for _ in range(reqs)]
+    with torch.no_grad():
+        run(torch.cat(xs), gdn_step(b.vc, [5] * reqs, [0] * reqs, rows))
+        st = [_ref_steps(ref, x, None, False)[1] for x in xs]
+        done, nacc = [5] * reqs, [1] * reqs
+        for step in range(20):
+            d = [rng.choice([-1, -1, 1, 2, 3]) for _ in range(reqs)]                 # drafts this step (-1: none)
+            blocks = [torch.randn(1 + max(di, 0), 256) for di in d]
+            md = gdn_step(b.vc, [1 + max(di, 0) for di in d], done, rows, drafts=d, num_accepted=nacc)
+            y = run(torch.cat(blocks), md)
+            at = 0
+            for r in range(reqs):
+                want, _ = _ref_steps(ref, blocks[r], st[r])                              # every token of the block, in order
+                got = y[at:at + len(blocks[r])]; at += len(blocks[r])
+                assert rel_rms(got, want) <= 1e-5, (step, r, d, nacc, rel_rms(got, want))
+                j = rng.randint(0, max(d[r], 0))                                         # accepted drafts
+                _, st[r] = _ref_steps(ref, blocks[r][:j + 1], st[r])
+                done[r] += j + 1; nacc[r] = j + 1
+
+
+class _EmptyLikeKernels:
+    "The torch kernel table, but the recurrent kernel leaves tokens outside its sequences as NaN (what `empty_like` may hold)."
+    name = "empty-like"
+    def __getattr__(self, slot):
+        from solar_open2.vllm.kda import torch_kernels
+        fn = getattr(torch_kernels(), slot)
+        if slot != "recurrent": return fn
+        def rec(*a, cu_seqlens=None, **kw):
+            o, s = fn(*a, cu_seqlens=cu_seqlens, **kw)
+            o[:, int(cu_seqlens[-1]):] = float("nan")
+            return o, s
+        return rec
+
+
+def test_graph_padding_tokens_leave_the_op_as_zeros(spec_bench):
+    """A verify step as a full CUDA graph replays it: one real request of 1+3 tokens, then a padding request (null slot,
+    no tokens) and 4 padding tokens; the recurrent kernel writes nothing for them. The op's output is the real request's
+    (equal to the unpadded step's) and exactly zero on the padding, never the kernel's leftovers."""
+    import dataclasses
+    from solar_open2.vllm.testing import gdn_step
+    b = spec_bench
+    A = [1, 2, 3, 4]
+    outs = []
+    for pad in (False, True):
+        layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", kernels=_EmptyLikeKernels(), slots=9)
+        torch.manual_seed(3)
+        x = torch.randn(5 + 4, 256)
+        with torch.no_grad():
+            run_layer(layer, x[:5], gdn_step(b.vc, [5], [0], [A]), b.vc)
+            md = gdn_step(b.vc, [4], [5], [A], drafts=[3], num_accepted=[1])
+            xs = x[5:9]
+            if pad:
+                md = dataclasses.replace(md, num_actual_tokens=8, spec_query_start_loc=torch.tensor([0, 4, 4], dtype=torch.int32),
+                                         spec_state_indices_tensor=torch.tensor([A, [0, 0, 0, 0]], dtype=torch.int32),
+                                         num_accepted_tokens=torch.tensor([1, 1], dtype=torch.int32), num_spec_decodes=2,
+                                         spec_token_indx=torch.arange(8, dtype=torch.int32))
+                xs = torch.cat([xs, torch.randn(4, 256)])
+            outs.append(run_layer(layer, xs, md, b.vc))
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[1][:4], outs[0]) and (outs[1][4:] == 0).all()
+
+
 def test_spec_verify_through_the_recording_kernels(spec_bench):
     "A pure verify step calls the conv update and the recurrent kernel with the spec metadata, the gate once, and no prefill kernel."
     from solar_open2.vllm.testing import gdn_step
@@ -558,7 +665,11 @@ from solar_open2.vllm.compat import fused_recurrent_kda
 fr = importlib.import_module(fused_recurrent_kda.__module__.rsplit('.', 1)[0] + '.fused_recurrent')   # the kernel's module, beside kda
 fr.exp = lambda x: tl.exp(x)   # the kernel module binds tl.exp at import; the interpreter patches tl only at run time
 from solar_open2.vllm.kda import torch_kernels, fused_recurrent_kda_spec, kda_beta
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+from unittest import mock
+from vllm.platforms import current_platform
+with mock.patch.object(type(current_platform), "is_cpu", lambda self: False):   # 0.33.0 rebinds the name to a CPU op on the CPU platform
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+assert hasattr(causal_conv1d_update, "__module__") and "cpu" not in causal_conv1d_update.__module__, causal_conv1d_update.__module__
 torch.manual_seed(0)
 T, H, D, dim, K, ns = 5, 2, 16, 32, 4, 3
 rows = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32)
@@ -581,7 +692,7 @@ print(json.dumps({"o": (o1 - o2).abs().max().item(), "state": (p1 - p2).abs().ma
 
 
 def test_vllms_triton_verify_kernels_match_the_torch_table():
-    """vLLM 0.25.1's Triton kernels, under Triton's interpreter on the CPU: `fused_recurrent_kda_fwd` with
+    """vLLM's Triton kernels (each supported release), under Triton's interpreter on the CPU: `fused_recurrent_kda_fwd` with
     `num_accepted_tokens` (through `fused_recurrent_kda_spec`) and `causal_conv1d_update` on a widened conv state give
     the torch table's outputs, per-token states and conv rows: the torch table is the Triton path's oracle."""
     import json

@@ -4,14 +4,15 @@
 
 # %% ../../nbs/08_vllm/02_config.ipynb #638bf440
 from __future__ import annotations
-import dataclasses
+import dataclasses, logging
 from fastcore.basics import patch
 from transformers import PretrainedConfig
 from ..config import SolarOpen2Config, REQUIRED_KEYS
 from .options import options_of
 
 # %% auto #0
-__all__ = ['SPEC_DECODE_ERROR', 'SolarOpen2HFConfig', 'solar_config_of', 'refuse_speculative', 'SolarOpen2ConfigHook']
+__all__ = ['SPEC_DECODE_ERROR', 'SolarOpen2HFConfig', 'solar_config_of', 'refuse_speculative', 'spec_graphs_guard',
+           'SolarOpen2ConfigHook']
 
 # %% ../../nbs/08_vllm/02_config.ipynb #ab45c962
 _SOLAR_FIELDS = tuple(f.name for f in dataclasses.fields(SolarOpen2Config) if f.name != "extra")
@@ -82,11 +83,26 @@ def refuse_speculative(vllm_config)->None:
         raise NotImplementedError(SPEC_DECODE_ERROR.format(method=method, why="multi-token prediction runs the "
                                   "checkpoint's own MTP layers, and Solar-Open2 checkpoints have none"))
 
+def spec_graphs_guard(vllm_config, opts)->bool:
+    """With a speculative config, the option `spec_full_graphs` off and no CUDA-graph mode asked for, ask for piecewise graphs:
+    verify batches padded for a full graph gave wrong tokens on the H100 (vLLM 0.25.1, 2026-12-06; piecewise was right).
+    Whether it changed the mode."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    if getattr(vllm_config, "speculative_config", None) is None or opts.spec_full_graphs or cc is None or cc.cudagraph_mode is not None:
+        return False
+    from vllm.config import CUDAGraphMode
+    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    logging.getLogger("solar_open2").warning("solar_open2: speculative decoding runs with piecewise CUDA graphs (verify batches "
+        "padded for full graphs were wrong on the GPU run of 2026-12-06); --additional-config '{\"solar_open2\": "
+        "{\"spec_full_graphs\": true}}' or an explicit cudagraph_mode overrides")
+    return True
+
 class SolarOpen2ConfigHook:
     "vLLM's per-architecture config hook (`MODELS_CONFIG_MAP`): refuse what the model cannot run, before workers start."
     @classmethod
     def verify_and_update_config(cls, vllm_config)->None:
         refuse_speculative(vllm_config)
-        options_of(vllm_config)                                               # an unknown or malformed option: a ValueError naming it
+        opts = options_of(vllm_config)                                        # an unknown or malformed option: a ValueError naming it
+        spec_graphs_guard(vllm_config, opts)
     @classmethod
     def verify_and_update_model_config(cls, model_config)->None: return   # nothing to adjust in the ModelConfig

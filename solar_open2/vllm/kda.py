@@ -25,6 +25,8 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader,
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
+from vllm.v1.attention.backends import gdn_attn
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend, GDNAttentionMetadataBuilder
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..config import SolarOpen2Config
@@ -42,7 +44,8 @@ __all__ = ['KDA_FUSED', 'KDA_CONV', 'KDA_GATES_OP_NAME', 'KDAKernels', 'triton_k
            'kda_gate_torch', 'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
            'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'num_spec_tokens', 'kda_state_slot_shape',
            'kda_state_shape', 'kda_state_dtype', 'kda_state_copy_func', 'warmup_tokens', 'kda_fused_target',
-           'load_kda_tensor', 'SolarOpen2KDA', 'kda_decode_unfused', 'stable_triton_cache', 'decode_kernel_runs',
+           'load_kda_tensor', 'SolarOpen2KDA', 'kda_decode_unfused', 'zero_padding', 'fold_accepted',
+           'SolarOpen2GDNMetadataBuilder', 'SolarOpen2GDNBackend', 'stable_triton_cache', 'decode_kernel_runs',
            'decode_slots', 'kda_decode_forward', 'kda_decode_lr_forward', 'apply_kda']
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #c437e688
@@ -314,6 +317,7 @@ class SolarOpen2KDA(nn.Module, MambaBase):
     # MambaBase: what the KV-cache manager allocates for this layer
     @property
     def mamba_type(self)->MambaAttentionBackendEnum: return MambaAttentionBackendEnum.GDN_ATTN
+    def get_attn_backend(self)->type: return SolarOpen2GDNBackend            # vLLM's GDN backend, its builder amended (below)
     def get_state_shape(self)->tuple:
         return kda_state_slot_shape(self.tp_size, self.num_heads, self.head_dim, self.conv_size, self.num_spec)
     def get_state_dtype(self)->tuple:
@@ -399,6 +403,13 @@ def kda_decode_unfused(kn:KDAKernels, # the kernel table (Triton on the GPU, tor
     g = kn.gate(g1, A_log, D, g_bias=dt_bias).reshape(1, n, Hl, D)           # the gate, applied here, once
     o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=beta.reshape(1, n, Hl), initial_state=rec_state,
                         use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, ssm_state_indices=idx)
+    return zero_padding(o, cu_seqlens[-1])
+
+def zero_padding(o:torch.Tensor, # [1, m, Hl, D] a kernel's output
+                 end:torch.Tensor, # 0-d int: tokens of the step's sequences (padding after it, in a CUDA graph's batch)
+                )->torch.Tensor: # o, its padding tokens zeroed in place
+    "Zero the tokens a kernel wrote nothing to: the recurrent kernel leaves the padding of a CUDA-graph batch as `empty_like` left it."
+    o[0].masked_fill_((torch.arange(o.shape[1], device=o.device) >= end)[:, None, None], 0.0)   # no host sync: graph-safe
     return o
 
 @patch
@@ -440,6 +451,8 @@ def _non_spec(self:SolarOpen2KDA, qkv:torch.Tensor, g1:torch.Tensor, beta:torch.
     conv_state, rec_state = self.conv_states()                               # [slots, 3*Hl*D, K-1(+num_spec)], [slots, Hl, D, D] fp32
     w = self.qkv_conv1d.weight.view(3 * Hl * D, self.conv_size)              # [3*Hl*D, 1, K] -> [3*Hl*D, K], rows [q; k; v]
     idx, qsl = md.non_spec_state_indices_tensor, md.non_spec_query_start_loc
+    fold = getattr(md, "solar_fold", None)                                   # speculation on: resume where the last verify stopped
+    if fold is not None: fold_accepted(conv_state, rec_state, *fold, self.conv_size - 1)
     if md.num_prefills == 0:                                                  # a pure-decode batch
         o = kda_decode_unfused(kn, qkv, conv_state, w, g1, self.A_log, self.dt_bias, beta, rec_state, idx,
                                qsl[:md.num_decodes + 1])
@@ -469,7 +482,49 @@ def _spec(self:SolarOpen2KDA, qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tens
     g = kn.gate(g1, self.A_log, D, g_bias=self.dt_bias).reshape(1, m, Hl, D) # [m, Hl*D] -> [1, m, Hl, D] fp32
     o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=beta.reshape(1, m, Hl), initial_state=rec_state, use_qk_l2norm_in_kernel=True,
                         cu_seqlens=qsl[:N + 1], ssm_state_indices=rows, num_accepted_tokens=nacc)   # every token's state into rows[i, t]
-    return o[0]
+    return zero_padding(o, qsl[N])[0]
+
+# %% ../../nbs/08_vllm/05_kda.ipynb #2185588a
+def fold_accepted(conv_state:torch.Tensor, # [slots, dim, K-1+num_spec] (a view in either layout), updated in place
+                  rec_state:torch.Tensor, # [slots, Hl, D, D] fp32, updated in place
+                  rows:torch.Tensor, # [n, 1+num_spec] int: each request's state slots; column 0 is where plain steps read
+                  nacc:torch.Tensor, # [n] tokens each request's previous step accepted (1 + accepted drafts)
+                  K1:int, # K-1, the conv window's width
+                 )->None:
+    "Move each request's state after its last accepted token (slot `rows[i, nacc-1]`, conv columns from `nacc-1`) to slot `rows[i, 0]`, columns `[0, K-1)`."
+    a = (nacc.to(torch.long) - 1).clamp(0, rows.shape[1] - 1)                # [n] the accepted offset
+    dst = rows[:, 0].to(torch.long)                                          # [n]
+    src = rows.to(torch.long).gather(1, a[:, None])[:, 0]                    # [n]
+    keep = (a > 0) & (dst > 0)                                               # nothing to move, or the null block (slot 0)
+    rec_state[dst] = torch.where(keep[:, None, None, None], rec_state[src], rec_state[dst])
+    cols = a[:, None] + torch.arange(K1, device=a.device)                    # [n, K-1]
+    win = conv_state[dst].gather(-1, cols[:, None, :].expand(-1, conv_state.shape[1], -1))   # [n, dim, K-1]
+    conv_state[dst, :, :K1] = torch.where(keep[:, None, None], win, conv_state[dst, :, :K1])
+
+class SolarOpen2GDNMetadataBuilder(GDNAttentionMetadataBuilder):
+    """vLLM's GDN metadata builder; with speculation on (and no prefix caching) the metadata also carries `solar_fold`:
+    the slots and previous accepted counts of the step's non-speculative requests, for `fold_accepted`."""
+    def build(self, common_prefix_len:int, common_attn_metadata, num_accepted_tokens=None, num_decode_draft_tokens_cpu=None,
+              fast_build:bool=False, **kw):
+        md = super().build(common_prefix_len, common_attn_metadata, num_accepted_tokens=num_accepted_tokens,
+                           num_decode_draft_tokens_cpu=num_decode_draft_tokens_cpu, fast_build=fast_build, **kw)
+        md.solar_fold = None
+        if (num_accepted_tokens is None or md.non_spec_state_indices_tensor is None or not getattr(self, "num_spec", 0)
+                or self.vllm_config.cache_config.mamba_cache_mode != "none"): return md
+        m = common_attn_metadata
+        rows = gdn_attn.mamba_get_block_table_tensor(m.block_table_tensor, m.seq_lens, self.kv_cache_spec, "none")
+        rows = rows[:, :self.num_spec + 1]                                    # [reqs, 1+num_spec], the builder's rows
+        acc = num_accepted_tokens[:rows.shape[0]]                             # [reqs]
+        if md.spec_sequence_masks is not None:                                # the non-speculative requests, in the builder's order
+            plain = num_decode_draft_tokens_cpu[:rows.shape[0]] < 0           # [reqs] bool (CPU), as the builder splits them
+            rows, acc = rows[plain.to(rows.device)], acc[plain.to(acc.device)]
+        md.solar_fold = (rows, acc)
+        return md
+
+class SolarOpen2GDNBackend(GDNAttentionBackend):
+    "vLLM's GDN attention backend with `SolarOpen2GDNMetadataBuilder`."
+    @staticmethod
+    def get_builder_cls()->type: return SolarOpen2GDNMetadataBuilder
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #19934208
 _WARMED: set = set()
