@@ -12,7 +12,11 @@
 #   prefix        prefix caching on the tiny checkpoint, eager and CUDA graphs (scripts/gpu_serving_checks.py prefix)
 #   kv            FP8 KV pools of one TP2 rank against the budget (scripts/gpu_serving_checks.py kv)
 #   dynamo        FP8 KV parity, the pool and the served reasoning budget (python -m benchmarks.engine.dynamo_checks)
-#   parity        the GPU parity run on the tiny checkpoints (NVFP4 and BF16, eager and graphs)
+#   parity        the GPU parity run on the tiny checkpoints (NVFP4 and BF16, eager and graphs); PARITY_ARGS: more
+#                 options (e.g. "--weights /root/best/best.safetensors")
+#   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
+#                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
+#                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
 #
 # Environment: SITE (default /root/site, where install-on-device.sh put vLLM), DEADLINE_S (each job's own deadline,
 # default 400). The Triton autotuning cache is kept between jobs on the same machine (TRITON_CACHE_AUTOTUNING=1).
@@ -59,13 +63,17 @@ run_one() {
     kv) job "$j" python3 scripts/gpu_serving_checks.py kv --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${KV_MEM[@]}" ;;
     dynamo) job "$j" python3 -m benchmarks.engine.dynamo_checks --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
               "${DYN_MEM[@]}" ;;
-    parity) job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
+    parity) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"
+            job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
               bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
-              --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" ;;
+              --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" ;;
+    spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"
+          job "$j" python3 -m benchmarks.engine.spec --out "$OUT/$j" --name "gpu_spec_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
+              --deadline-s "$DEADLINE_S" "${SPEC_EXTRA[@]}" ;;
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity spec "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done

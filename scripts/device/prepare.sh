@@ -16,7 +16,7 @@
 # device call names them in `carry`.
 #
 # Environment knobs:
-#   PART_MB=48        size of one part in MiB (the repository tree plus one part
+#   PART_MB=28        size of one part in MiB (the repository tree, 32 MiB with the trained tiny weights, plus one part
 #                     must stay under 64 MiB per run: lower it for a big repo)
 #   WITH_FLASHINFER=1 also ship flashinfer-python (JIT only: no cubin
 #                     package, kernels are built with nvcc on first use;
@@ -25,7 +25,7 @@
 #   PY=python3        the interpreter whose pip does the downloads
 set -euo pipefail
 
-PART_MB=${PART_MB:-48}
+PART_MB=${PART_MB:-28}
 WITH_FLASHINFER=${WITH_FLASHINFER:-1}
 WITH_EXTRAS=${WITH_EXTRAS:-1}
 PY=${PY:-python3}

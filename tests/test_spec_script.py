@@ -1,0 +1,126 @@
+"""The speculative-decoding GPU script (`benchmarks.engine.spec`) on the CPU: the draft head it writes is one vLLM builds
+and loads with every weight, the taps scale the published head's, and its gate fails what it must fail."""
+import copy, json, tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.engine import spec as S
+from solar_open2.config import SolarOpen2Config
+
+pytest.importorskip("vllm")
+
+
+def test_taps_scale_the_published_heads():
+    assert S.scaled_taps(48) == [3, 15, 27, 39, 47]
+    for L in (8, 12, 24):
+        t = S.scaled_taps(L)
+        assert len(set(t)) == 5 and all(0 <= x < L for x in t) and t == sorted(t), (L, t)
+    with pytest.raises(ValueError, match="do not fit"): S.scaled_taps(3)
+
+
+def test_the_eagle3_draft_builds_and_loads_in_vllm():
+    """vLLM's `SpeculativeConfig(method="eagle3")` on the written head resolves `LlamaForCausalLMEagle3` with five taps
+    (fc input 5 x hidden), and its `load_weights` fills every parameter with the file's values (bit-exact)."""
+    from safetensors.torch import load_file
+    from vllm.config import SpeculativeConfig
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from solar_open2.checkpoint import tiny_checkpoint
+    from solar_open2.vllm.testing import cpu_vllm, cpu_vllm_config
+    cfg = SolarOpen2Config.tiny()
+    d = Path(tempfile.mkdtemp()) / "draft"
+    taps = S.scaled_taps(cfg.num_hidden_layers)
+    written = S.write_eagle3_draft(d, cfg, taps)
+    base = cpu_vllm_config(tiny_checkpoint("bf16"), dtype="bfloat16")
+    sc = SpeculativeConfig(method="eagle3", model=str(d), num_speculative_tokens=S.PUBLISHED_BLOCK,
+                           target_model_config=base.model_config, target_parallel_config=base.parallel_config)
+    vc = cpu_vllm_config(tiny_checkpoint("bf16"), dtype="bfloat16", speculative_config=sc)
+    assert sc.draft_model_config.architectures == ["LlamaForCausalLMEagle3"]
+    with cpu_vllm(vllm_config=vc): m = initialize_model(vllm_config=vc, model_config=sc.draft_model_config)
+    W = load_file(str(d / "model.safetensors"))
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    m.load_weights(W.items())
+    assert m.model.num_aux_hidden_states == len(taps) and m.model.fc.weight.shape == (cfg.hidden_size, len(taps) * cfg.hidden_size)
+    assert written["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == taps
+    qkv = torch.cat([W[f"layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+    gate_up = torch.cat([W["layers.0.mlp.gate_proj.weight"], W["layers.0.mlp.up_proj.weight"]])
+    want = {"model.fc.weight": W["fc.weight"], "lm_head.weight": W["lm_head.weight"], "model.embed_tokens.weight": W["embed_tokens.weight"],
+            "model.layers.0.self_attn.qkv_proj.weight": qkv, "model.layers.0.mlp.gate_up_proj.weight": gate_up,
+            "model.layers.0.self_attn.o_proj.weight": W["layers.0.self_attn.o_proj.weight"],
+            "model.layers.0.mlp.down_proj.weight": W["layers.0.mlp.down_proj.weight"]}
+    for n, w in want.items(): assert torch.equal(dict(m.named_parameters())[n], w), n
+    unfilled = [n for n, p in m.named_parameters() if n != "draft_id_to_target_id" and torch.equal(p, before[n]) and n not in want
+                and not n.endswith("norm.weight")]
+    assert unfilled == [], unfilled
+
+
+def _report(**runs):
+    blank = lambda: {"mismatches": [], "near_ties": [], "divergence": None}
+    out = {"tie_nats": 0.05, "runs": {}}
+    for key, r in runs.items():
+        r.setdefault("reference", {p: [blank() for _ in range(2)] for p in ("single", "batched")})
+        r.setdefault("spec_single", {"draft_tokens": 0, "accepted_tokens": 0})
+        r.setdefault("spec_batched", {"draft_tokens": 0, "accepted_tokens": 0})
+        out["runs"][key] = r
+    return out
+
+
+def test_the_gate_passes_near_ties_and_fails_real_divergences():
+    good = {"spec_single": {"draft_tokens": 10, "accepted_tokens": 7}, "spec_batched": {"draft_tokens": 10, "accepted_tokens": 6}}
+    rep = _report(**{"bf16:eager:base": {}, "bf16:eager:ngram_k3": copy.deepcopy(good)})
+    assert S.judge(rep) == []
+    tie = copy.deepcopy(rep); tie["runs"]["bf16:eager:ngram_k3"]["reference"]["single"][1]["divergence"] = {
+        "position": 11, "token": 596, "base_token": 595, "gap_nats": 0.018}
+    assert S.judge(tie) == []                                                  # a near-tie: bf16 may pick either
+    far = copy.deepcopy(tie); far["runs"]["bf16:eager:ngram_k3"]["reference"]["single"][1]["divergence"]["gap_nats"] = 0.5
+    assert any("not a near-tie" in f for f in S.judge(far))
+    off = copy.deepcopy(rep); off["runs"]["bf16:eager:ngram_k3"]["reference"]["batched"][0]["mismatches"] = [38]
+    assert any("off the fp32 reference's argmax at [38]" in f for f in S.judge(off))
+    none = _report(**{"bf16:eager:base": {}, "bf16:eager:ngram_k3": {}})
+    assert any("no draft tokens were proposed" in f for f in S.judge(none))
+    every = _report(**{"bf16:eager:base": {}, "bf16:eager:ngram_k3": {"spec_single": {"draft_tokens": 5, "accepted_tokens": 5},
+                                                                      "spec_batched": {"draft_tokens": 5, "accepted_tokens": 5}}})
+    assert any("no rollback exercised" in f for f in S.judge(every))
+    nobase = _report(**{"bf16:eager:ngram_k3": copy.deepcopy(good)})
+    assert any("no baseline" in f for f in S.judge(nobase))
+    broke = _report(**{"bf16:eager:base": {}, "bf16:graphs:eagle3_k3": {"error": "rc 1: CUDA error: an illegal instruction"}})
+    assert any("engine failed" in f for f in S.judge(broke))
+
+
+def test_the_plan_runs_baselines_first_and_only_what_is_asked():
+    runs = S.plan(["compressed-tensors", "bf16"], ["eager", "graphs"], [1, 3, 5], "eagle3", Path("/d"))
+    keys = [":".join(r[:3]) for r in runs]
+    assert keys[:4] == ["compressed-tensors:eager:base", "compressed-tensors:graphs:base", "bf16:eager:base", "bf16:graphs:base"]
+    assert len(keys) == 4 + 2 * (2 * 4) + 2 * 2                                  # 3 ngram + eagle per mode; 2 more in graphs
+    assert {r[4] for r in runs if r[2] == "eagle3_dummy_piecewise"} == {"PIECEWISE"}
+    only = S.plan(["bf16"], ["eager", "graphs"], [3], "eagle3", Path("/d"), ["bf16:graphs:eagle3_k3"])
+    assert [":".join(r[:3]) for r in only] == ["bf16:graphs:base", "bf16:graphs:eagle3_k3"]
+
+
+def test_the_committed_gpu_report_is_judged_by_todays_gate():
+    "The current GPU report re-judged from its stored comparisons gives the failures it recorded (nothing hidden, nothing new)."
+    from benchmarks import index
+    rep = json.loads(index.path("gpu_spec_vllm_0.25.1_run2_h100.json").read_text())
+    assert S.judge(rep) == rep["failures"] and not rep["passed"]
+    assert rep["runs"]["compressed-tensors:graphs:eagle3_dummy_piecewise"]["reference"]["batched"][3]["mismatches"] == []
+
+
+def test_the_budget_predicts_the_logged_kv_pool_with_speculation_on():
+    """vLLM's logged pool ("GPU KV cache size") of every ngram engine of the GPU run (tiny config, TP1, a 1 GiB pool,
+    max_model_len 1024) equals the budget's `kv_capacity` with `num_speculative_tokens` k: 1 + k KDA state blocks per
+    request, the hybrid block widened with the conv state (272 -> 288 tokens at k = 3)."""
+    import re, tarfile
+    from benchmarks import index
+    from solar_open2 import budget
+    cfg, seen = SolarOpen2Config.tiny(), {}
+    with tarfile.open(index.path("gpu_spec_vllm_0.25.1_run1_h100_logs.tgz")) as tf:
+        for m in tf.getmembers():
+            k = re.search(r"_(base|ngram_k(\d))\.log$", m.name)
+            if not k: continue
+            logged = re.search(r"GPU KV cache size: ([\d,]+) tokens", tf.extractfile(m).read().decode())
+            seen[m.name] = (int(k.group(2) or 0), int(logged.group(1).replace(",", "")))
+    assert len(seen) == 16                                                       # 2 formats x 2 modes x (base + k = 1, 3, 5)
+    for name, (k, logged) in seen.items():
+        want = budget.kv_capacity(budget.kv_layout(cfg, tp=1, num_speculative_tokens=k), 1 << 30, 1024)["gpu_kv_cache_tokens"]
+        assert want == logged, (name, k, want, logged)
