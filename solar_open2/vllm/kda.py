@@ -4,7 +4,7 @@
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #358dd449
 from __future__ import annotations
-import contextlib, os, sys
+import contextlib, logging, os, sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -501,6 +501,8 @@ def fold_accepted(conv_state:torch.Tensor, # [slots, dim, K-1+num_spec] (a view 
     win = conv_state[dst].gather(-1, cols[:, None, :].expand(-1, conv_state.shape[1], -1))   # [n, dim, K-1]
     conv_state[dst, :, :K1] = torch.where(keep[:, None, None], win, conv_state[dst, :, :K1])
 
+_fold_log = logging.getLogger("solar_open2.kda")
+
 class SolarOpen2GDNMetadataBuilder(GDNAttentionMetadataBuilder):
     """vLLM's GDN metadata builder; with speculation on (and no prefix caching) the metadata also carries `solar_fold`:
     the slots and previous accepted counts of the step's non-speculative requests, for `fold_accepted`."""
@@ -519,6 +521,9 @@ class SolarOpen2GDNMetadataBuilder(GDNAttentionMetadataBuilder):
             plain = num_decode_draft_tokens_cpu[:rows.shape[0]] < 0           # [reqs] bool (CPU), as the builder splits them
             rows, acc = rows[plain.to(rows.device)], acc[plain.to(acc.device)]
         md.solar_fold = (rows, acc)
+        if _fold_log.isEnabledFor(logging.DEBUG):                            # logger solar_open2.kda at DEBUG: what each step folds (syncs)
+            _fold_log.debug("solar_open2 fold: spec step %s, rows %s, accepted %s", md.spec_sequence_masks is not None,
+                            rows.tolist(), acc.tolist())
         return md
 
 class SolarOpen2GDNBackend(GDNAttentionBackend):
