@@ -255,12 +255,17 @@ def kda_chunked_autograd(q:torch.Tensor, # [B, T, H, K] queries
     Kt, Qt = k * G.exp(), q * G.exp()                                 # K̃, Q̃: decayed from the chunk's start [B, H, N, C, K]
     Kend = k * (G[..., -1:, :] - G).exp()                             # keys decayed to the chunk's end [B, H, N, C, K]
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)   # [B, H, K, V]
+    # Δ = A⁻¹ Diag(β)(V − K̃ S₀) = U − W S₀, with U = A⁻¹ Diag(β) V and W = A⁻¹ Diag(β) K̃ independent of the state:
+    # one triangular solve for every chunk at once (the WY form), then only products in the sequential loop
+    UW = torch.linalg.solve_triangular(A, beta[..., None] * torch.cat([v, Kt], -1), upper=False,
+                                       unitriangular=True)                # [B, H, N, C, V+K]
+    U, W = UW.split([V, K], -1)                                       # [B, H, N, C, V], [B, H, N, C, K]
+    decay = G[:, :, :, -1, :, None].exp()                             # e^{Γ_C} per chunk [B, H, N, K, 1]
     outs = []
-    for n in range(N):                                                # the state, one chunk at a time
-        Dn = torch.linalg.solve_triangular(A[:, :, n], beta[:, :, n, :, None] * (v[:, :, n] - Kt[:, :, n] @ S),
-                                           upper=False, unitriangular=True)   # Δ = A⁻¹ Diag(β)(V − K̃ S₀) [B, H, C, V]
-        outs.append(Qt[:, :, n] @ S + Aqk[:, :, n] @ Dn)              # O = Q̃ S₀ + A^qk Δ [B, H, C, V]
-        S = S * G[:, :, n, -1, :, None].exp() + Kend[:, :, n].mT @ Dn  # S ← e^{Γ_C} ⊙ S + Kendᵀ Δ
+    for Un, Wn, Qn, An, Kn, dn in zip(*(x.unbind(2) for x in (U, W, Qt, Aqk, Kend, decay))):   # one chunk at a time
+        Dn = Un - Wn @ S                                              # Δ = U − W S₀ [B, H, C, V]
+        outs.append(Qn @ S + An @ Dn)                                 # O = Q̃ S₀ + A^qk Δ [B, H, C, V]
+        S = S * dn + Kn.mT @ Dn                                       # S ← e^{Γ_C} ⊙ S + Kendᵀ Δ
     o = torch.stack(outs, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]      # [B, H, N, C, V] -> [B, T, H, V]
     return o.to(out_dtype), (S if output_final_state else None)
 
