@@ -505,18 +505,24 @@ _fold_log = logging.getLogger("solar_open2.kda")
 
 class SolarOpen2GDNMetadataBuilder(GDNAttentionMetadataBuilder):
     """vLLM's GDN metadata builder; with speculation on (and no prefix caching) the metadata also carries `solar_fold`:
-    the slots and previous accepted counts of the step's non-speculative requests, for `fold_accepted`."""
+    the slots and previous accepted counts of the step's non-speculative requests, for `fold_accepted`. The model runner
+    passes the accepted counts only in a step where some request has drafts, though it updates them every step in one
+    buffer; the builder keeps that buffer from the last such step and reads it when a step comes without them."""
     def build(self, common_prefix_len:int, common_attn_metadata, num_accepted_tokens=None, num_decode_draft_tokens_cpu=None,
               fast_build:bool=False, **kw):
         md = super().build(common_prefix_len, common_attn_metadata, num_accepted_tokens=num_accepted_tokens,
                            num_decode_draft_tokens_cpu=num_decode_draft_tokens_cpu, fast_build=fast_build, **kw)
         md.solar_fold = None
-        if (num_accepted_tokens is None or md.non_spec_state_indices_tensor is None or not getattr(self, "num_spec", 0)
+        if num_accepted_tokens is not None:                                   # the runner's buffer (this view's base)
+            self._accepted = num_accepted_tokens if num_accepted_tokens._base is None else num_accepted_tokens._base
+        accepted = getattr(self, "_accepted", None)
+        if (accepted is None or md.non_spec_state_indices_tensor is None or not getattr(self, "num_spec", 0)
                 or self.vllm_config.cache_config.mamba_cache_mode != "none"): return md
         m = common_attn_metadata
         rows = gdn_attn.mamba_get_block_table_tensor(m.block_table_tensor, m.seq_lens, self.kv_cache_spec, "none")
         rows = rows[:, :self.num_spec + 1]                                    # [reqs, 1+num_spec], the builder's rows
-        acc = num_accepted_tokens[:rows.shape[0]]                             # [reqs]
+        if accepted.shape[0] < rows.shape[0]: return md                       # never: the buffer holds max_num_seqs
+        acc = accepted[:rows.shape[0]]                                        # [reqs]
         if md.spec_sequence_masks is not None:                                # the non-speculative requests, in the builder's order
             plain = num_decode_draft_tokens_cpu[:rows.shape[0]] < 0           # [reqs] bool (CPU), as the builder splits them
             rows, acc = rows[plain.to(rows.device)], acc[plain.to(acc.device)]

@@ -147,6 +147,19 @@ def _step_extras(cls, ql, done, drafts)->dict:
     extras = {"seq_lens_cpu_upper_bound": done + ql, "is_prefilling": pre}                               # exact here: no async drafts
     return {k: v for k, v in extras.items() if k in have}
 
+_BENCH: dict = {}
+
+def _bench_builder(vllm_config, k:int)->tuple:
+    "One metadata builder per config, kept across steps as the engine keeps it, and the runner's accepted-count buffer."
+    from vllm.v1.kv_cache_interface import MambaSpec
+    from solar_open2.vllm.kda import SolarOpen2GDNBackend
+    got = _BENCH.get(id(vllm_config))
+    if got is None or got[0] is not vllm_config:
+        spec = MambaSpec(shapes=((1, 1), (1, 1, 1)), dtypes=(torch.float32, torch.float32), block_size=-1, num_speculative_blocks=k)
+        got = _BENCH[id(vllm_config)] = (vllm_config, SolarOpen2GDNBackend.get_builder_cls()(spec, ["bench"], vllm_config, torch.device("cpu")),
+                                         torch.ones(64, dtype=torch.int32))
+    return got[1], got[2]
+
 def gdn_step(vllm_config, # the config the layer was built with (its speculative config sets the slots per request)
              query_lens:list, # tokens of each request in this step, verifies first (the engine's order)
              computed:list, # tokens each request had computed before the step (0: a new sequence)
@@ -156,25 +169,24 @@ def gdn_step(vllm_config, # the config the layer was built with (its speculative
             ):
     "vLLM's `GDNAttentionMetadata` for one step, made by the KDA layer's builder (vLLM's, amended) as the model runner calls it."
     from vllm.v1.attention.backend import CommonAttentionMetadata
-    from solar_open2.vllm.kda import SolarOpen2GDNBackend
-    from vllm.v1.kv_cache_interface import MambaSpec
     sc = vllm_config.speculative_config
     k = sc.num_speculative_tokens if sc is not None else 0
-    spec = MambaSpec(shapes=((1, 1), (1, 1, 1)), dtypes=(torch.float32, torch.float32), block_size=-1, num_speculative_blocks=k)
-    b = SolarOpen2GDNBackend.get_builder_cls()(spec, ["bench"], vllm_config, torch.device("cpu"))
+    b, accepted = _bench_builder(vllm_config, k)
     ql, done = torch.tensor(query_lens, dtype=torch.int32), torch.tensor(computed, dtype=torch.int32)
     qsl = torch.zeros(len(ql) + 1, dtype=torch.int32); qsl[1:] = ql.cumsum(0)            # [reqs + 1]
     rows = torch.tensor([[s] if isinstance(s, int) else list(s) for s in slots], dtype=torch.int32)   # [reqs, 1 + k]
-    T = int(qsl[-1])
-    m = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=done + ql, num_reqs=len(ql),
+    T, R = int(qsl[-1]), len(ql)
+    m = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=done + ql, num_reqs=R,
                                 num_actual_tokens=T, max_query_len=int(ql.max()), max_seq_len=int((done + ql).max()),
                                 block_table_tensor=rows, slot_mapping=torch.zeros(T, dtype=torch.int64),
                                 **_step_extras(CommonAttentionMetadata, ql, done, drafts))
-    acc = None if num_accepted is None else torch.tensor(num_accepted, dtype=torch.int32)
-    dr = None if drafts is None else torch.tensor(drafts, dtype=torch.int32)
+    accepted[:R] = 1 if num_accepted is None else torch.tensor(num_accepted, dtype=torch.int32)   # the runner updates it every step
+    # ... but hands it (and the draft counts) to the builder only in a step where some request has drafts
+    kw = {} if drafts is None or not any(d > 0 for d in drafts) else \
+         dict(num_accepted_tokens=accepted[:R], num_decode_draft_tokens_cpu=torch.tensor(drafts, dtype=torch.int32))
     import vllm.utils.torch_utils as tu, vllm.v1.attention.backends.utils as bu
     with mock.patch.object(tu, "PIN_MEMORY", False), mock.patch.object(bu, "PIN_MEMORY", False):   # its host copies pin memory: a GPU's
-        return b.build(0, m, num_accepted_tokens=acc, num_decode_draft_tokens_cpu=dr)
+        return b.build(0, m, **kw)
 
 # %% ../../nbs/08_vllm/03_testing.ipynb #939ea8c4
 def checkpoint_tensors(path)->dict:
