@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from unittest import mock
 import torch
 
 from solar_open2.vllm.testing import force_cpu_platform
@@ -595,6 +596,30 @@ def test_a_random_walk_of_verifies_and_plain_steps_follows_the_reference(spec_be
                 j = rng.randint(0, max(d[r], 0))                                         # accepted drafts
                 _, st[r] = _ref_steps(ref, blocks[r][:j + 1], st[r])
                 done[r] += j + 1; nacc[r] = j + 1
+
+
+def test_a_graph_capture_leaves_no_accepted_counts_behind():
+    """vLLM captures full CUDA graphs with made-up accepted counts (each request's query length); the builder must not
+    keep them: a draft-less step before any real verify then folds nothing."""
+    from vllm.config import SchedulerConfig
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from solar_open2.vllm.testing import _bench_builder, gdn_step, spec_vllm_config
+    vc = spec_vllm_config(tiny_checkpoint("bf16"), 3, scheduler_config=SchedulerConfig(max_model_len=TINY.max_position_embeddings,
+                          is_encoder_decoder=False, max_num_batched_tokens=130, max_num_seqs=4, enable_chunked_prefill=True))
+    b, _ = _bench_builder(vc, 3)
+    qsl = torch.tensor([0, 4, 8], dtype=torch.int32)
+    m = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=torch.tensor([9, 9], dtype=torch.int32),
+                                num_reqs=2, num_actual_tokens=8, max_query_len=4, max_seq_len=9,
+                                block_table_tensor=torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32),
+                                slot_mapping=torch.zeros(8, dtype=torch.int64))
+    import vllm.utils.torch_utils as tu, vllm.v1.attention.backends.utils as bu
+    with mock.patch.object(tu, "PIN_MEMORY", False), mock.patch.object(bu, "PIN_MEMORY", False):
+        assert b.build_for_cudagraph_capture(m).num_spec_decodes == 2
+    assert getattr(b, "_accepted", None) is None
+    assert gdn_step(vc, [1], [9], [[1, 2, 3, 4]], drafts=[-1]).solar_fold is None   # nothing to go on: no fold
+    gdn_step(vc, [4], [5], [[1, 2, 3, 4]], drafts=[3], num_accepted=[1])           # a real verify brings the runner's buffer
+    f = gdn_step(vc, [1], [9], [[1, 2, 3, 4]], drafts=[-1], num_accepted=[3]).solar_fold
+    assert f[0].tolist() == [[1, 2, 3, 4]] and f[1].tolist() == [3]
 
 
 class _EmptyLikeKernels:

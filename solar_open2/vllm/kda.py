@@ -513,8 +513,8 @@ class SolarOpen2GDNMetadataBuilder(GDNAttentionMetadataBuilder):
         md = super().build(common_prefix_len, common_attn_metadata, num_accepted_tokens=num_accepted_tokens,
                            num_decode_draft_tokens_cpu=num_decode_draft_tokens_cpu, fast_build=fast_build, **kw)
         md.solar_fold = None
-        if num_accepted_tokens is not None:                                   # the runner's buffer (this view's base)
-            self._accepted = num_accepted_tokens if num_accepted_tokens._base is None else num_accepted_tokens._base
+        if num_accepted_tokens is not None and num_accepted_tokens._base is not None:   # a view of the runner's buffer: keep
+            self._accepted = num_accepted_tokens._base                        # it (a CUDA-graph capture passes a tensor of its own)
         accepted = getattr(self, "_accepted", None)
         if (accepted is None or md.non_spec_state_indices_tensor is None or not getattr(self, "num_spec", 0)
                 or self.vllm_config.cache_config.mamba_cache_mode != "none"): return md
