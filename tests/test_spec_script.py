@@ -93,9 +93,9 @@ def test_the_plan_runs_baselines_first_and_only_what_is_asked():
     keys = [":".join(r[:3]) for r in runs]
     assert keys[:4] == ["compressed-tensors:eager:base", "compressed-tensors:graphs:base", "bf16:eager:base", "bf16:graphs:base"]
     assert len(keys) == 4 + 2 * (2 * 4) + 2 * 2                                  # 3 ngram + eagle per mode; 2 more in graphs
-    assert {r[4] for r in runs if r[2] == "eagle3_dummy_piecewise"} == {"PIECEWISE"}
-    only = S.plan(["bf16"], ["eager", "graphs"], [3], "eagle3", Path("/d"), ["bf16:graphs:eagle3_k3"])
-    assert [":".join(r[:3]) for r in only] == ["bf16:graphs:base", "bf16:graphs:eagle3_k3"]
+    assert {r[4] for r in runs if r[2].endswith("_full")} == {"FULL_AND_PIECEWISE"} and {r[4] for r in runs if r[2] == "eagle3_dummy"} == {None}
+    only = S.plan(["bf16"], ["eager", "graphs"], [3], "eagle3", Path("/d"), ["bf16:graphs:eagle3_k3_full"])
+    assert [":".join(r[:3]) for r in only] == ["bf16:graphs:base", "bf16:graphs:eagle3_k3_full"]
 
 
 def test_the_committed_gpu_report_is_judged_by_todays_gate():

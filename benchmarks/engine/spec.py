@@ -150,9 +150,11 @@ def child_main(a) -> int:
 # ---- parent ----------------------------------------------------------------------------------------------------------
 
 def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: list | None = None) -> list:
-    """(format, mode, name, speculative_config or None, cudagraph_mode or None) of every engine, baselines first; in
-    graphs mode the draft head also runs with piecewise graphs only (`eagle3_dummy_piecewise`), and with 3 draft tokens
-    (`eagle3_k3`). `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed (and their baselines)."""
+    """(format, mode, name, speculative_config or None, cudagraph_mode or None) of every engine, baselines first. In
+    graphs mode the plugin asks for piecewise graphs when speculation is on (`spec_graphs_guard`); the draft head also
+    runs with full graphs asked for explicitly (`eagle3_dummy_full`, and with 3 draft tokens `eagle3_k3_full`), the mode
+    that was wrong for padded batches before `zero_padding`. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
+    (and their baselines)."""
     runs = [(f, m, "base", None, None) for f in formats for m in modes]
     for f in formats:
         for m in modes:
@@ -162,7 +164,8 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
                 eagle = lambda k: {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
                 runs.append((f, m, "eagle3_dummy", eagle(PUBLISHED_BLOCK), None))
                 if m == "graphs":
-                    runs += [(f, m, "eagle3_dummy_piecewise", eagle(PUBLISHED_BLOCK), "PIECEWISE"), (f, m, "eagle3_k3", eagle(3), None)]
+                    runs += [(f, m, "eagle3_dummy_full", eagle(PUBLISHED_BLOCK), "FULL_AND_PIECEWISE"),
+                             (f, m, "eagle3_k3_full", eagle(3), "FULL_AND_PIECEWISE")]
     if only:
         keep = {k for k in only} | {":".join(k.split(":")[:2] + ["base"]) for k in only}
         runs = [r for r in runs if ":".join(r[:3]) in keep]
