@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'GRAPHS_POOL', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'MAX_JOBS_LIMIT', 'GiB',
-           'VLLM_VERSION', 'PLUGIN_GROUP', 'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV', 'DEFAULT_MAX_NUM_SEQS',
-           'ServeOptions', 'preset_pool', 'to_argv', 'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh',
-           'stop_sh', 'generate_scripts', 'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid',
-           'fake_sysfs', 'check_venv', 'login_path', 'check_tools', 'check_linger', 'logind_setting',
-           'check_remove_ipc', 'raylet_envs', 'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe',
-           'check_nccl', 'mem_available', 'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests',
-           'check_manifest', 'node_preflight', 'budget_plan', 'resolve_options', 'memory_need', 'options_from_args',
-           'cli_scripts', 'node_preflight_main']
+__all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'GRAPHS_POOL', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'MAX_NGRAM_TOKENS',
+           'MAX_JOBS_LIMIT', 'GiB', 'VLLM_VERSION', 'PLUGIN_GROUP', 'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV',
+           'DEFAULT_MAX_NUM_SEQS', 'ServeOptions', 'preset_pool', 'ngram_config', 'to_argv', 'start_ray_cluster_sh',
+           'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts', 'write_scripts', 'shellcheck_bin',
+           'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv', 'login_path', 'check_tools', 'check_linger',
+           'logind_setting', 'check_remove_ipc', 'raylet_envs', 'check_raylet', 'check_engine_leftovers', 'fake_proc',
+           'nccl_probe', 'check_nccl', 'mem_available', 'check_memory', 'fake_meminfo', 'checkpoint_manifest',
+           'compare_manifests', 'check_manifest', 'node_preflight', 'budget_plan', 'resolve_options', 'memory_need',
+           'options_from_args', 'cli_scripts', 'node_preflight_main']
 
 # %% ../nbs/10_serving.ipynb #a9813e98
 PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576)   # the published 1M deployment (eager)
@@ -27,6 +27,7 @@ GRAPHS_POOL = 27_000_000_000   # the published preset's pool when CUDA graphs ma
 SCRIPT_NAMES = ("start-ray-cluster.sh", "preflight.sh", "serve.sh", "oom-guard.sh", "stop.sh")
 GRAPH_MODES = ("auto", "on", "off")   # CUDA graphs: decided by each node's NCCL, forced on (--graphs), off (--eager)
 NCCL_MIN = (2, 30, 4)                  # fixes cross-node CUDA-graph replay on GB10 (vLLM issue 52504)
+MAX_NGRAM_TOKENS = 8                   # --ngram: the most draft tokens a step (the widened KDA conv state grows with it)
 MAX_JOBS_LIMIT = 1024                  # MAX_JOBS above this is a typo, not a plan (a Spark has 20 cores)
 GiB = 1024**3
 
@@ -58,6 +59,7 @@ class ServeOptions:
     prefix_caching: bool = False          # --enable-prefix-caching (mamba cache mode "align")
     nccl_library: str|None = None         # a system libnccl.so.2 the raylets preload instead of the pip one
     capture_sizes: list|None = None       # CUDA-graph capture sizes; default: powers of two up to --max-num-seqs
+    ngram_tokens: int = 0                 # speculative decoding with vLLM's ngram proposer, this many draft tokens (0: off)
 
     def __post_init__(self):
         if isinstance(self.worker_ips, str): self.worker_ips = [self.worker_ips]
@@ -120,6 +122,8 @@ def _validate(self:ServeOptions)->ServeOptions:
     from solar_open2.budget import KV_CACHE_DTYPES
     if self.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
+    if isinstance(self.ngram_tokens, bool) or not isinstance(self.ngram_tokens, int) or not 0 <= self.ngram_tokens <= MAX_NGRAM_TOKENS:
+        raise ValueError(f"--ngram must be a number of draft tokens in 0..{MAX_NGRAM_TOKENS}, got {self.ngram_tokens!r}")
     if self.capture_sizes is not None and (not self.capture_sizes or any(
             not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in self.capture_sizes)):
         raise ValueError(f"--cudagraph-capture-sizes must be positive integers, got {self.capture_sizes!r}")
@@ -128,6 +132,11 @@ def _validate(self:ServeOptions)->ServeOptions:
 ServeOptions.validate = _validate
 
 # %% ../nbs/10_serving.ipynb #8c6f4988
+def ngram_config(k:int)->str:
+    "vLLM's `--speculative-config` for the ngram proposer with `k` draft tokens (prompt lookup of 2-4 tokens), as one JSON word."
+    return json.dumps({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+                      separators=(",", ":"))
+
 def to_argv(o:ServeOptions)->list:
     "The `solar-open2 scripts` options that reproduce `o` (defaults left out)."
     d, a = ServeOptions.__dataclass_fields__, ["--head-ip", o.head_ip]
@@ -142,11 +151,12 @@ def to_argv(o:ServeOptions)->list:
         if v != d[f].default: a += ["--" + f.replace("_", "-"), str(v)]
     from solar_open2.budget import capture_sizes_for
     if o.capture_sizes is not None and o.graphs != "off" and o.capture_sizes != capture_sizes_for(
-            o.max_num_seqs or 1, max_num_batched_tokens=o.max_num_batched_tokens):
+            o.max_num_seqs or 1, o.ngram_tokens, max_num_batched_tokens=o.max_num_batched_tokens):
         a += ["--cudagraph-capture-sizes", *map(str, o.capture_sizes)]
     if o.prefix_caching: a.append("--enable-prefix-caching")
     if o.graphs != "auto": a.append("--graphs" if o.graphs == "on" else "--eager")
     if not o.parsers: a.append("--no-parsers")
+    if o.ngram_tokens: a += ["--ngram", str(o.ngram_tokens)]
     return a
 
 def _q(v)->str: return shlex.quote(str(v))
@@ -395,6 +405,7 @@ def serve_sh(o:ServeOptions)->str:
             "--max-num-seqs", str(o.max_num_seqs), "--max-num-batched-tokens", str(o.max_num_batched_tokens)]
     if o.kv_cache_dtype != "auto": args += ["--kv-cache-dtype", o.kv_cache_dtype]
     if o.prefix_caching: args.append("--enable-prefix-caching")
+    if o.ngram_tokens: args += ["--speculative-config", ngram_config(o.ngram_tokens)]
     if o.parsers: args += ["--reasoning-parser", "solar_open2", "--tool-call-parser", "solar_open2", "--enable-auto-tool-choice"]
     graph_args = ["--cudagraph-capture-sizes", *map(str, o.capture_sizes)]
     if o.graphs == "on": args += graph_args
@@ -920,7 +931,7 @@ def budget_plan(o:ServeOptions):
     from solar_open2.budget import plan
     return plan(tp=o.tp, kv_cache_memory_bytes=o.kv_cache_memory_bytes, max_model_len=o.max_model_len,
                 kv_cache_dtype=o.kv_cache_dtype, prefix_caching=o.prefix_caching, max_num_seqs=o.max_num_seqs or 1,
-                cudagraph_bytes=_graph_bytes(o))
+                num_speculative_tokens=o.ngram_tokens, cudagraph_bytes=_graph_bytes(o))
 
 def resolve_options(o:ServeOptions, force:bool=False)->tuple:
     "(options with every default filled from the budget, the plan, warnings); ValueError if vLLM, the nodes or (unless `force`) the oom-guard would refuse."
@@ -934,7 +945,7 @@ def resolve_options(o:ServeOptions, force:bool=False)->tuple:
                          f"{o.max_num_batched_tokens:,} (vLLM refuses align mode then); raise --max-num-batched-tokens")
     if o.max_num_seqs is None: o = dataclasses.replace(o, max_num_seqs=max(1, min(p.max_resident_seqs, DEFAULT_MAX_NUM_SEQS)))
     if o.capture_sizes is None:
-        o = dataclasses.replace(o, capture_sizes=capture_sizes_for(o.max_num_seqs, max_num_batched_tokens=o.max_num_batched_tokens))
+        o = dataclasses.replace(o, capture_sizes=capture_sizes_for(o.max_num_seqs, o.ngram_tokens, max_num_batched_tokens=o.max_num_batched_tokens))
     p = budget_plan(o)
     if o.oom_threshold >= p.node.total_bytes:
         raise ValueError(f"--oom-threshold {o.oom_threshold / GiB:.1f} GiB is not below the node's {p.node.total_bytes / GiB:.1f} GiB: "
@@ -1050,6 +1061,8 @@ def _scripts_parser():
     ap.add_argument("--oom-threshold", type=_int_arg, default=8 * GiB, help="oom-guard line, vLLM notation (default 8G = 8 GiB)")
     ap.add_argument("--oom-interval", type=float, default=2.0, help="oom-guard poll period, seconds (default 2)")
     ap.add_argument("--no-parsers", action="store_true", help="leave out the solar_open2 reasoning and tool-call parsers")
+    ap.add_argument("--ngram", type=int, default=0, metavar="K", help=f"speculative decoding with vLLM's ngram proposer, K draft tokens "
+                    f"a step (1..{MAX_NGRAM_TOKENS}; 0, the default: off); the KV pool's state slots and the capture sizes count them")
     return ap
 
 def options_from_args(a)->ServeOptions:
@@ -1064,7 +1077,7 @@ def options_from_args(a)->ServeOptions:
                         port=a.port, ray_port=a.ray_port, max_jobs=a.max_jobs, oom_threshold=a.oom_threshold,
                         oom_interval=a.oom_interval, parsers=not a.no_parsers, graphs=a.graphs or "auto",
                         kv_cache_dtype=a.kv_cache_dtype, prefix_caching=a.enable_prefix_caching,
-                        nccl_library=a.nccl_library, capture_sizes=a.cudagraph_capture_sizes)
+                        nccl_library=a.nccl_library, capture_sizes=a.cudagraph_capture_sizes, ngram_tokens=a.ngram)
 
 def _one_line(e)->str: return (str(e).splitlines() or [type(e).__name__])[0]
 

@@ -1,5 +1,5 @@
 """The serving scripts end to end: golden files of the published (1M context: the 27e9 pool when CUDA graphs may be on,
-28e9 eager) and margin (8e9, 256K) configurations, of CUDA graphs forced on and off, of an FP8 KV cache at 1M and of prefix caching; shellcheck on all;
+28e9 eager) and margin (8e9, 256K) configurations, of CUDA graphs forced on and off, of an FP8 KV cache at 1M, of prefix caching and of ngram speculative decoding; shellcheck on all;
 and the generated scripts run on this machine against fakes (a fake `ssh` that runs the "remote" command locally, a
 fake venv whose `ray`, `vllm`, `solar-open2` and `sudo` record what they were asked, fake sysfs and meminfo trees).
 `serve.sh` decides between CUDA graphs and eager from each node's NCCL (`solar-open2 preflight --node --nccl`, faked
@@ -24,6 +24,7 @@ CONFIGS = {  # name: (flags, the warning `solar-open2 scripts` must print, or ""
     "eager": (["--preset", "published", "--eager"], ""),
     "fp8-1m": (["--kv-cache-dtype", "fp8", "--kv-cache-memory-bytes", "27g", "--max-model-len", "1M"], ""),
     "prefix-caching": (["--preset", "margin", "--enable-prefix-caching"], ""),
+    "ngram": (["--preset", "margin", "--ngram", "3"], ""),
 }
 
 
@@ -322,4 +323,8 @@ def test_serve_args_parse_with_vllm(config, monkeypatch):
     assert a.kv_cache_dtype == ("fp8" if config == "fp8-1m" else "auto")
     assert bool(a.enable_prefix_caching) == (config == "prefix-caching")
     assert a.enforce_eager == (config == "eager")
-    assert a.cudagraph_capture_sizes == (None if config == "eager" else [1, 2, 4, 8])
+    from solar_open2.budget import capture_sizes_for
+    k = 3 if config == "ngram" else 0
+    assert a.cudagraph_capture_sizes == (None if config == "eager" else capture_sizes_for(8, k))
+    assert a.speculative_config == ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+                                    if k else None)
