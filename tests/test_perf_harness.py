@@ -1060,3 +1060,27 @@ def test_the_history_view_shows_every_figure_with_its_verdict_and_is_never_curre
     assert abs(hist["acceptance"]["graphs_over_eager_decode_bs1"] - 107 / 6) < 1e-9
     cur = ph.merge(e, g)
     assert [r["figure"] for r in cur["rows"]] == ["decode_bs8"] and cur["acceptance"]["graphs_over_eager_decode_bs1"] is None
+
+
+def test_a_draft_head_run_serves_a_random_eagle3_head_that_times_the_verify_step(tmp_path):
+    """`--draft-head K` gives vLLM an EAGLE-3 speculative config over a random head of the published draft's shape (its
+    five taps at the served model's depths, a reduced draft vocabulary), written once beside the model's config; the
+    KV prediction counts the 1 + K state slots and says what it leaves out; bad values are refused naming the flag."""
+    import json
+    from safetensors import safe_open
+    a = ph.parse_args(["--config", "tiny", "--phase", "graphs", "--draft-head", "3", "--draft-vocab", "256"])
+    kw = ph.engine_kwargs(a, tmp_path, "graphs")
+    sc = kw["speculative_config"]
+    assert sc["method"] == "eagle3" and sc["num_speculative_tokens"] == 3 and Path(sc["model"]).parent == tmp_path
+    cfg = json.loads((Path(sc["model"]) / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 256 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4, 6, 7]
+    with safe_open(str(Path(sc["model"]) / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("d2t").tolist() == [0] * 256 and f.get_slice("lm_head.weight").get_shape() == [256, 256]
+    assert ph.engine_kwargs(a, tmp_path, "graphs")["speculative_config"] == sc                   # written once, reused
+    assert any("draft head" in w for w in ph.kv_prediction(a)["warnings"])
+    assert "speculative_config" not in ph.engine_kwargs(ph.parse_args(["--config", "tiny", "--phase", "graphs"]), tmp_path, "graphs")
+    assert ph.settings(a, "graphs")["draft_head"] == 3
+    from benchmarks.engine.spec import scaled_taps
+    assert scaled_taps(ph.model_config("rank").num_hidden_layers) == [3, 15, 27, 39, 47]        # the rank config: the published taps
+    for bad in (["--draft-head", "0"], ["--draft-head", "3", "--draft-vocab", "999999"]):
+        with pytest.raises(SystemExit): ph.parse_args(["--config", "tiny", *bad])

@@ -124,3 +124,24 @@ def test_the_budget_predicts_the_logged_kv_pool_with_speculation_on():
     for name, (k, logged) in seen.items():
         want = budget.kv_capacity(budget.kv_layout(cfg, tp=1, num_speculative_tokens=k), 1 << 30, 1024)["gpu_kv_cache_tokens"]
         assert want == logged, (name, k, want, logged)
+
+
+def test_a_reduced_draft_vocabulary_loads_as_vllms_d2t():
+    "With `draft_vocab`, vLLM's EAGLE-3 head has an LM head of that many rows and loads the d2t offsets (the first N ids)."
+    from safetensors.torch import load_file
+    from vllm.config import SpeculativeConfig
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from solar_open2.checkpoint import tiny_checkpoint
+    from solar_open2.vllm.testing import cpu_vllm, cpu_vllm_config
+    cfg = SolarOpen2Config.tiny()
+    d = Path(tempfile.mkdtemp()) / "draft"
+    S.write_eagle3_draft(d, cfg, S.scaled_taps(cfg.num_hidden_layers), draft_vocab=128)
+    base = cpu_vllm_config(tiny_checkpoint("bf16"), dtype="bfloat16")
+    sc = SpeculativeConfig(method="eagle3", model=str(d), num_speculative_tokens=3, target_model_config=base.model_config,
+                           target_parallel_config=base.parallel_config)
+    vc = cpu_vllm_config(tiny_checkpoint("bf16"), dtype="bfloat16", speculative_config=sc)
+    with cpu_vllm(vllm_config=vc): m = initialize_model(vllm_config=vc, model_config=sc.draft_model_config)
+    m.draft_id_to_target_id.data.fill_(7)                                        # so that loading the zeros shows
+    m.load_weights(load_file(str(d / "model.safetensors")).items())
+    assert m.lm_head.weight.shape[0] == 128 and m.draft_id_to_target_id.tolist() == [0] * 128
+    with pytest.raises(ValueError, match="draft_vocab"): S.write_eagle3_draft(d, cfg, [0, 1], draft_vocab=cfg.vocab_size + 1)

@@ -56,29 +56,34 @@ def scaled_taps(num_layers: int, taps=PUBLISHED_TAPS, of: int = PUBLISHED_LAYERS
     return out
 
 
-def write_eagle3_draft(dest, target_cfg, taps: list, seed: int = 0, std: float = 0.02) -> dict:
+def write_eagle3_draft(dest, target_cfg, taps: list, seed: int = 0, std: float = 0.02, draft_vocab: int | None = None) -> dict:
     """An EAGLE-3 draft head for `target_cfg` (a `SolarOpen2Config`) in `dest`: one Llama decoder layer whose fc reads
     `len(taps)` target hidden states (vLLM's `LlamaForCausalLMEagle3`), random N(0, std^2) matrices and unit norms in
-    bf16, its own embedding and LM head over the target's vocabulary. Returns the config written."""
+    bf16, its own embedding, and an LM head over the target's vocabulary or, with `draft_vocab`, over its first
+    `draft_vocab` token ids (vLLM's `d2t` offsets, all 0), which keeps the head's own cost small at the real vocabulary.
+    Returns the config written."""
     import torch
     from safetensors.torch import save_file
     dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
     H, V, n = target_cfg.hidden_size, target_cfg.vocab_size, len(taps)
+    Vd = V if draft_vocab is None else int(draft_vocab)
+    if not 0 < Vd <= V: raise ValueError(f"draft_vocab {draft_vocab}: must be in 1..{V} (the target's vocabulary)")
     heads, kv, hd, inter = 4, 2, H // 4, 2 * H
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H, "intermediate_size": inter,
            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd, "num_hidden_layers": 1, "vocab_size": V,
-           "draft_vocab_size": V, "target_hidden_size": H, "max_position_embeddings": target_cfg.max_position_embeddings,
+           "draft_vocab_size": Vd, "target_hidden_size": H, "max_position_embeddings": target_cfg.max_position_embeddings,
            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(taps), "use_aux_hidden_state": True}}
     g = torch.Generator().manual_seed(seed)
     mat = lambda *s: (torch.randn(*s, generator=g) * std).to(torch.bfloat16)
     one = lambda m: torch.ones(m, dtype=torch.bfloat16)
-    W = {"embed_tokens.weight": mat(V, H), "lm_head.weight": mat(V, H), "fc.weight": mat(H, n * H), "norm.weight": one(H),
+    W = {"embed_tokens.weight": mat(V, H), "lm_head.weight": mat(Vd, H), "fc.weight": mat(H, n * H), "norm.weight": one(H),
          "layers.0.self_attn.q_proj.weight": mat(heads * hd, 2 * H), "layers.0.self_attn.k_proj.weight": mat(kv * hd, 2 * H),
          "layers.0.self_attn.v_proj.weight": mat(kv * hd, 2 * H), "layers.0.self_attn.o_proj.weight": mat(H, heads * hd),
          "layers.0.mlp.gate_proj.weight": mat(inter, H), "layers.0.mlp.up_proj.weight": mat(inter, H),
          "layers.0.mlp.down_proj.weight": mat(H, inter), "layers.0.input_layernorm.weight": one(H),
          "layers.0.hidden_norm.weight": one(H), "layers.0.post_attention_layernorm.weight": one(H)}
+    if Vd != V: W["d2t"] = torch.zeros(Vd, dtype=torch.int64)                 # draft id i -> target id i + d2t[i]
     save_file(W, str(dest / "model.safetensors"))
     (dest / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     return cfg

@@ -14,6 +14,10 @@
 #   dynamo        FP8 KV parity, the pool and the served reasoning budget (python -m benchmarks.engine.dynamo_checks)
 #   parity        the GPU parity run on the tiny checkpoints (NVFP4 and BF16, eager and graphs); PARITY_ARGS: more
 #                 options (e.g. "--weights /root/best/best.safetensors")
+#   spec-rank     the verify step's cost at one TP2 rank of the real model (timed: never TOGETHER): decode at 2K with a
+#                 random EAGLE-3 head proposing K tokens (every draft rejected, so each step verifies 1 + K tokens), one
+#                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
+#                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -67,13 +71,19 @@ run_one() {
             job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
               bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" ;;
+    spec-rank)
+      ab=(); for k in ${SPEC_KS:-0 1 3}; do
+        if [ "$k" = 0 ]; then ab+=(--ab "k0="); else ab+=(--ab "k$k=--draft-head $k --spec-full-graphs"); fi
+      done
+      job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
+        --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${ab[@]}" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.spec --out "$OUT/$j" --name "gpu_spec_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${SPEC_EXTRA[@]}" ;;
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity spec "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity spec spec-rank "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done

@@ -59,6 +59,14 @@ variant `AB_RESERVE_S[config]`, which assumes warm caches: on a fresh machine a 
 it is ready (flashinfer's all-reduce JIT, vLLM's profiling/warm-up), past its allotment. Warm the caches in an
 earlier call with the same flags and `--only warmup`.
 
+Speculative decoding (`--draft-head K`): the engine serves a random-weight EAGLE-3 head of the published Solar draft's
+shape (`benchmarks.engine.spec.write_eagle3_draft`: five taps at the served model's depths, a 32,768-token draft
+vocabulary through vLLM's d2t) proposing K tokens a step. Its drafts are rejected, so every step verifies 1 + K tokens
+and yields one: the decode figures are then the cost of a verify step (and of the small head), which the A/B of
+K = 0, 1, 3, ... sets against the plain step (`scripts/device/checks.sh spec-rank`). The acceptance a real head or
+ngram reaches comes from `benchmarks.engine.spec` on the trained tiny checkpoint; tokens a step times these step
+times give the speed-up.
+
 The plugin: the harness calls `solar_open2.vllm.register()` itself, and, unless a `solar_open2` entry point is
 already installed, writes a throw-away `*.dist-info` holding the `vllm.general_plugins` entry point
 `solar_open2 = solar_open2.vllm:register` into a temporary directory that it puts (with the repository root) on

@@ -124,6 +124,11 @@ def build_parser()->argparse.ArgumentParser:
                     "graphs (with --max-autotune, the sizes inductor autotunes its GEMMs for)")
     ap.add_argument("--max-autotune", action="store_true",
                     help="graphs phase: inductor max_autotune (benchmarks Triton GEMM templates against cuBLAS per shape)")
+    ap.add_argument("--draft-head", type=int, metavar="K", help="serve with a random-weight EAGLE-3 head of the published "
+                    "Solar draft's shape (five taps, benchmarks.engine.spec) proposing K tokens a step: every draft is "
+                    "rejected, so each step verifies 1 + K tokens and yields one, and the decode figures time the verify step")
+    ap.add_argument("--draft-vocab", type=int, help="--draft-head: the draft LM head's vocabulary (the target's first N ids, "
+                    "vLLM's d2t), to keep the head's own cost small (default 32768, at most the target's)")
     ap.add_argument("--env", type=_env_pair, action="append", metavar="KEY=VALUE",
                     help="an environment variable for the engine (repeat), applied after the harness's own, e.g. "
                          "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1; recorded in the settings")
@@ -177,6 +182,10 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
     if a.attention_backend is not None and not re.fullmatch(r"[A-Z0-9_]+", a.attention_backend):
         raise ValueError(f"--attention-backend {a.attention_backend!r}: a name of vLLM's AttentionBackendEnum, e.g. TRITON_ATTN")
     if a.decode_tokens < 3: raise ValueError("--decode-tokens must be >= 3 (the decode rate needs two intervals)")
+    if a.draft_head is not None and not 1 <= a.draft_head <= 16: raise ValueError(f"--draft-head must be 1..16 draft tokens, got {a.draft_head}")
+    V = model_config(a.config).vocab_size
+    if a.draft_vocab is None: a.draft_vocab = min(32768, V)
+    if not 1 <= a.draft_vocab <= V: raise ValueError(f"--draft-vocab {a.draft_vocab}: must be in 1..{V} (the served vocabulary)")
     if a.kv_bytes <= 0: raise ValueError(f"--kv-cache-memory-bytes must be positive, got {a.kv_cache_memory_bytes!r}")
     if a.variant is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", a.variant):
         raise ValueError(f"--variant {a.variant!r}: letters, digits, _ . - only (it names files)")
@@ -213,13 +222,16 @@ def model_config(name:str)->SolarOpen2Config:
 def kv_prediction(a)->dict:
     "`solar_open2.budget.plan` for exactly the engine's flags."
     p = budget.plan(tp=a.tp, kv_cache_memory_bytes=a.kv_bytes, max_model_len=a.max_model_len, kv_cache_dtype="auto",
-                    block_size=16, prefix_caching=False, max_num_seqs=a.max_num_seqs, cfg=model_config(a.config))
+                    block_size=16, prefix_caching=False, max_num_seqs=a.max_num_seqs, cfg=model_config(a.config),
+                    num_speculative_tokens=getattr(a, "draft_head", None) or 0)
     return {"gpu_kv_cache_tokens": p.gpu_kv_cache_tokens, "max_concurrency": p.max_concurrency,
             "max_concurrency_2dp": round(p.max_concurrency, 2), "num_blocks": p.num_blocks, "block_size": p.block_size,
             "page_bytes": p.layout.page_bytes, "padding_pct": round(p.layout.padding_pct, 2),
             "weights_per_rank_bytes": p.weights_per_rank_bytes, "weights_per_rank_gib": budget.gib(p.weights_per_rank_bytes),
             "kv_bytes_per_request": p.kv_bytes_per_request, "fits": p.fits, "log_lines": p.log_lines,
-            "warnings": [w for w in p.warnings if "DGX Spark" not in w]}
+            "warnings": [w for w in p.warnings if "DGX Spark" not in w]
+                        + (["--draft-head: the draft head's own attention layer takes KV pages the prediction does not count"]
+                           if getattr(a, "draft_head", None) else [])}
 
 def strip_flags(argv:list, flags:tuple)->list:
     "`argv` without the given value-taking flags (`--flag V` and `--flag=V` forms)."

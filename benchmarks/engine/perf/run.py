@@ -148,6 +148,7 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
         if a.compile_sizes: cc["compile_sizes"] = sorted(a.compile_sizes)
         if a.max_autotune: cc["inductor_compile_config"] = {"max_autotune": True}
         kw["compilation_config"] = cc
+    if a.draft_head: kw["speculative_config"] = draft_head_config(a, model_dir)
     if profile_dir:
         kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=str(profile_dir),
                                      torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
@@ -155,6 +156,15 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
                                      ignore_frontend=True,
                                      delay_iterations=PROFILE_DELAY_STEPS, max_iterations=a.profile_steps)
     return kw
+
+def draft_head_config(a, model_dir)->dict:
+    """vLLM's speculative_config for `--draft-head K`: the random EAGLE-3 head (`benchmarks.engine.spec.write_eagle3_draft`,
+    the published head's five taps scaled to the served layers) written once beside the model's config."""
+    from benchmarks.engine.spec import scaled_taps, write_eagle3_draft
+    cfg = model_config(a.config)
+    d = Path(model_dir) / f"eagle3_draft_v{a.draft_vocab}"
+    if not (d / "model.safetensors").exists(): write_eagle3_draft(d, cfg, scaled_taps(cfg.num_hidden_layers), draft_vocab=a.draft_vocab)
+    return {"method": "eagle3", "model": str(d), "num_speculative_tokens": a.draft_head}
 
 def token_prompt(n:int, vocab:int, seed:int)->list:
     "`n` token ids, deterministic in `seed`, away from the special ids at both ends of the vocabulary."
