@@ -25,7 +25,6 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader,
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
-from vllm.v1.attention.backends import gdn_attn
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend, GDNAttentionMetadataBuilder
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
@@ -519,8 +518,7 @@ class SolarOpen2GDNMetadataBuilder(GDNAttentionMetadataBuilder):
         if (accepted is None or md.non_spec_state_indices_tensor is None or not getattr(self, "num_spec", 0)
                 or self.vllm_config.cache_config.mamba_cache_mode != "none"): return md
         m = common_attn_metadata
-        rows = gdn_attn.mamba_get_block_table_tensor(m.block_table_tensor, m.seq_lens, self.kv_cache_spec, "none")
-        rows = rows[:, :self.num_spec + 1]                                    # [reqs, 1+num_spec], the builder's rows
+        rows = m.block_table_tensor[:, :self.num_spec + 1]                   # [reqs, 1+num_spec]: mode "none" uses the table as it is
         if accepted.shape[0] < rows.shape[0]: return md                       # never: the buffer holds max_num_seqs
         acc = accepted[:rows.shape[0]]                                        # [reqs]
         if md.spec_sequence_masks is not None:                                # the non-speculative requests, in the builder's order

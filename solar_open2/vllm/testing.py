@@ -5,6 +5,7 @@
 # %% ../../nbs/08_vllm/03_testing.ipynb #3bfd3005
 from __future__ import annotations
 import contextlib, functools, socket
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
@@ -13,8 +14,9 @@ from ..config import SolarOpen2Config, tensor_specs
 
 # %% auto #0
 __all__ = ['force_cpu_platform', 'cpu_vllm_config', 'cpu_vllm', 'cpu_nvfp4_moe', 'cpu_linears', 'gdn_metadata', 'build_model',
-           'spec_vllm_config', 'gdn_step', 'checkpoint_tensors', 'run_interpreted', 'triton_interpreted', 'kda_layer',
-           'run_layer', 'RecordingKernels', 'plain_kda', 'checkpoint_slices', 'same_values', 'probe_model']
+           'spec_vllm_config', 'gdn_step', 'kda_spec_bench', 'ref_steps', 'spec_walk', 'checkpoint_tensors',
+           'run_interpreted', 'triton_interpreted', 'kda_layer', 'run_layer', 'RecordingKernels', 'plain_kda',
+           'checkpoint_slices', 'same_values', 'probe_model']
 
 # %% ../../nbs/08_vllm/03_testing.ipynb #1b8d4919
 def force_cpu_platform():
@@ -187,6 +189,67 @@ def gdn_step(vllm_config, # the config the layer was built with (its speculative
     import vllm.utils.torch_utils as tu, vllm.v1.attention.backends.utils as bu
     with mock.patch.object(tu, "PIN_MEMORY", False), mock.patch.object(bu, "PIN_MEMORY", False):   # its host copies pin memory: a GPU's
         return b.build(0, m, **kw)
+
+# %% ../../nbs/08_vllm/03_testing.ipynb #299697a7
+def kda_spec_bench(num_spec:int=3)->SimpleNamespace:
+    """What the speculative CPU tests share: an engine config with an ngram speculative config of `num_spec` draft tokens
+    on the tiny BF16 checkpoint (fp32), layer 1's KDA weights (`W`, names without the layer prefix), and the reference
+    layer on them (`ref`, the per-token loop)."""
+    from vllm.config import SchedulerConfig
+    from solar_open2.checkpoint import tiny_checkpoint
+    from solar_open2.kda import KDALayer
+    cfg, d, pre = SolarOpen2Config.tiny(), tiny_checkpoint("bf16"), "model.layers.1.self_attn."
+    vc = spec_vllm_config(d, num_spec, scheduler_config=SchedulerConfig(max_model_len=cfg.max_position_embeddings,
+                          is_encoder_decoder=False, max_num_batched_tokens=130, max_num_seqs=4, enable_chunked_prefill=True))
+    W = {k.removeprefix(pre): v for k, v in checkpoint_tensors(d).items() if k.startswith(pre)}
+    ref = KDALayer(cfg, 1); ref.load_state_dict(W); ref.core = "recurrent"
+    return SimpleNamespace(vc=vc, W=W, ref=ref)
+
+def ref_steps(ref, # a reference `KDALayer`
+              x:torch.Tensor, # [T, hidden]
+              st=None, # the `KDAState` to start from (None: a new sequence)
+              one_by_one:bool=True, # token by token (decode steps), or one prefill
+             )->tuple: # (y [T, hidden], the state after x)
+    "The reference layer over `x` from `st`, as decode steps or as one prefill."
+    if not one_by_one:
+        y, st = ref(x[None], st); return y[0], st
+    ys = []
+    for t in range(x.shape[0]):
+        y, st = ref(x[None, t:t + 1], st); ys.append(y[0])
+    return torch.cat(ys), st
+
+def spec_walk(layer, # a `kda_layer` built on `bench.vc` with at least 1 + 4 * reqs slots
+              bench, # `kda_spec_bench()`
+              reqs:int, # requests decoding side by side
+              steps:int=20, seed:int=0)->dict:
+    """Prefill `reqs` requests of 5 tokens, then `steps` engine steps in which each request either gets no drafts (the
+    runner's -1: one token) or verifies 1-3 drafts of which a random number is accepted, as an ngram proposer's steps go;
+    metadata from `gdn_step` with the previous step's accepted counts. Every token's output is compared with the
+    reference layer run token by token from the state the accepted tokens left: {"worst": the largest relative RMS
+    difference of a step's outputs, "plain_after_accepts": draft-less steps right after accepted drafts}."""
+    import random
+    from solar_open2.kda import rel_rms
+    rng = random.Random(seed); torch.manual_seed(seed)
+    rows = [[1 + 4 * r + i for i in range(4)] for r in range(reqs)]              # each request's 1 + 3 state slots
+    xs = [torch.randn(5, bench.ref.hidden_size) for _ in range(reqs)]                 # [5, hidden] each
+    worst, plain_after = 0.0, 0
+    with torch.no_grad():
+        run_layer(layer, torch.cat(xs), gdn_step(bench.vc, [5] * reqs, [0] * reqs, rows), bench.vc)
+        st = [ref_steps(bench.ref, x, None, False)[1] for x in xs]
+        done, nacc = [5] * reqs, [1] * reqs
+        for _ in range(steps):
+            d = [rng.choice([-1, -1, 1, 2, 3]) for _ in range(reqs)]              # drafts this step (-1: none)
+            plain_after += sum(di == -1 and a > 1 for di, a in zip(d, nacc))
+            blocks = [torch.randn(1 + max(di, 0), bench.ref.hidden_size) for di in d]
+            y = run_layer(layer, torch.cat(blocks), gdn_step(bench.vc, [len(b) for b in blocks], done, rows, drafts=d, num_accepted=nacc), bench.vc)
+            at = 0
+            for r in range(reqs):
+                want, _ = ref_steps(bench.ref, blocks[r], st[r])                  # every token of the block, in order
+                worst = max(worst, rel_rms(y[at:at + len(blocks[r])], want)); at += len(blocks[r])
+                j = rng.randint(0, max(d[r], 0))                                   # accepted drafts
+                _, st[r] = ref_steps(bench.ref, blocks[r][:j + 1], st[r])
+                done[r] += j + 1; nacc[r] = j + 1
+    return {"worst": worst, "plain_after_accepts": plain_after}
 
 # %% ../../nbs/08_vllm/03_testing.ipynb #939ea8c4
 def checkpoint_tensors(path)->dict:
