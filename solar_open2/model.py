@@ -58,6 +58,10 @@ class SolarOpen2DecoderLayer(nn.Module):
         return h, cache
 
 # %% ../nbs/06_model.ipynb #133231c2
+def _capturing(t:torch.Tensor)->bool:
+    "Whether `t`'s CUDA stream is being captured into a graph (training captures its step): then nothing may be read back."
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
 @dataclass
 class ModelCache:
     "Per-sequence state of the whole model: one `KVCache` / `KDAState` per layer, and the tokens seen so far."
@@ -99,7 +103,7 @@ class SolarOpen2ForCausalLM(nn.Module):
         "Run T new tokens of B sequences in lockstep; returns fp32 logits and the new cache (the old one is untouched)."
         if input_ids.dim() != 2: raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
         V = self.cfg.vocab_size
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= V):
+        if input_ids.numel() and not _capturing(input_ids) and (input_ids.min() < 0 or input_ids.max() >= V):
             raise ValueError(f"input_ids outside 0..{V - 1}: min {input_ids.min().item()}, max {input_ids.max().item()}")
         layer_caches = cache.layers if cache is not None else [None] * len(self.model.layers)
         h = self.model.embed_tokens(input_ids)                      # [B, T, hidden], no scaling, no positions

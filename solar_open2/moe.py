@@ -15,8 +15,9 @@ from .nvfp4 import (CONVENTIONS, NVFP4Linear, _keep_dtype_apply, detect_conventi
                                relative_rms, set_w4a4, w4a4_vs_w4a16)
 
 # %% auto #0
-__all__ = ['EXPERT_FORMATS', 'select_experts', 'combine_weights', 'SolarRouter', 'SolarMLP', 'dispatch_reference',
-           'dispatch_grouped', 'SolarMoE', 'router_load', 'moe_layer_stats', 'moe_layer_report', 'format_moe_report']
+__all__ = ['EXPERT_FORMATS', 'DISPATCHES', 'select_experts', 'combine_weights', 'SolarRouter', 'SolarMLP', 'dispatch_reference',
+           'dispatch_grouped', 'dispatch_dense', 'SolarMoE', 'router_load', 'moe_layer_stats', 'moe_layer_report',
+           'format_moe_report']
 
 # %% ../nbs/04_moe.ipynb #2de6d59d
 def select_experts(scores:torch.Tensor, bias:torch.Tensor|None, top_k:int, n_group:int=1, topk_group:int=1)->torch.Tensor:
@@ -120,12 +121,27 @@ def dispatch_grouped(x:torch.Tensor, idx:torch.Tensor, w:torch.Tensor, experts)-
     out = torch.zeros(N, x.shape[1], dtype=torch.float32, device=x.device)
     return out.index_add_(0, tok, ws.unsqueeze(-1) * ys)                        # unpermute + weighted sum
 
+# %% ../nbs/04_moe.ipynb #5612a471
+def dispatch_dense(x:torch.Tensor, idx:torch.Tensor, w:torch.Tensor, experts)->torch.Tensor:
+    "Same result with every expert on every token: weights [N, E] (0 where not routed), three batched products."
+    if any(not isinstance(getattr(e, p), nn.Linear) for e in experts for p in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError("dispatch_dense: needs dense (BF16) experts; NVFP4 experts dispatch 'grouped' or 'reference'")
+    N, E = x.shape[0], len(experts)
+    wd = torch.zeros(N, E, dtype=torch.float32, device=x.device).scatter_add(1, idx, w.float())   # [N, E]
+    Wg, Wu, Wd = (torch.stack([getattr(e, p).weight for e in experts]) for p in ("gate_proj", "up_proj", "down_proj"))
+    # Wg, Wu [E, I, H]; Wd [E, H, I]
+    h = F.silu(torch.einsum("nh,eih->nei", x, Wg)) * torch.einsum("nh,eih->nei", x, Wu)   # [N, E, I]
+    y = torch.einsum("nei,ehi->neh", h, Wd)                                    # [N, E, H] every expert's output
+    return torch.einsum("neh,ne->nh", y.float(), wd)                           # [N, H] fp32 weighted sum
+
 # %% ../nbs/04_moe.ipynb #89b9250c
+DISPATCHES = ("grouped", "reference", "dense")
+
 class SolarMoE(nn.Module):
     "Solar-Open2's MoE block: router + routed SwiGLU experts (BF16 or NVFP4) + an unscaled shared expert."
     def __init__(self, cfg:SolarOpen2Config, expert_format:str="bf16", dispatch:str="grouped"):
         super().__init__()
-        if dispatch not in ("grouped", "reference"): raise ValueError(f"dispatch {dispatch!r} not in ('grouped', 'reference')")
+        if dispatch not in DISPATCHES: raise ValueError(f"dispatch {dispatch!r} not in {DISPATCHES}")
         H, I = cfg.hidden_size, cfg.moe_intermediate_size
         self.hidden_size, self.intermediate_size, self.dispatch = H, I, dispatch
         self.gate = SolarRouter(cfg)
@@ -139,7 +155,7 @@ class SolarMoE(nn.Module):
         shape = x.shape
         h = x.reshape(-1, shape[-1])                                            # [N, H]
         idx, w = self.gate(h)                                                   # [N, k], [N, k] fp32 (scaled)
-        run = dispatch_grouped if self.dispatch == "grouped" else dispatch_reference
+        run = {"grouped": dispatch_grouped, "reference": dispatch_reference, "dense": dispatch_dense}[self.dispatch]
         y = run(h, idx, w, self.experts)                                        # [N, H] fp32, routed only
         if self.shared_experts is not None: y = y + self.shared_experts(h).float()   # shared: never scaled
         return y.to(x.dtype).reshape(shape)

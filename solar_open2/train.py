@@ -15,14 +15,14 @@ from .checkpoint import (TINY_CORPUS, TINY_TRAINED_FILE, tiny_tokenizer, tiny_we
                                  trained_file, trained_weights)
 from .config import SolarOpen2Config
 from .model import SolarOpen2ForCausalLM
-from .moe import SolarRouter
+from .moe import DISPATCHES, SolarMoE, SolarRouter
 from .kda import KDALayer
 
 # %% auto #0
-__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'TRAPS', 'chat_text', 'Words', 'recall_sample', 'copy_sample',
-           'fact_sample', 'make_batch', 'RouterLoads', 'train', 'save_trained', 'encode_pair', 'facts_pairs',
-           'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries', 'copy_prompts', 'copy_accuracy',
-           'trap', 'cli_train']
+__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'TRAPS', 'chat_text', 'Words', 'recall_sample',
+           'copy_sample', 'fact_sample', 'make_batch', 'RouterLoads', 'row_loss', 'train_step', 'train', 'save_trained',
+           'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries',
+           'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -114,47 +114,86 @@ def make_batch(w:Words, rng:random.Random, batch:int, seq:int,
         X[b, :n], Y[b, :n] = torch.tensor(ids[:n]), torch.tensor(tg[:n])
     return X, Y
 
-# %% ../nbs/06a_train.ipynb #17788f6c
+# %% ../nbs/06a_train.ipynb #5761dd94
 class RouterLoads:
-    "Count, per MoE layer, the tokens each routed expert got since the last `reset()` (a forward hook on every router)."
+    """Count, per MoE layer, the tokens each routed expert got in training forwards since the last `reset()` (a
+    forward hook on every router; counts stay on the device, so a CUDA graph can capture them)."""
     def __init__(self, model):
         self.routers = [m for m in model.modules() if isinstance(m, SolarRouter)]
-        self.counts = [None] * len(self.routers)
+        self.counts = [None] * len(self.routers)                           # [E] fp32 each, made by the first training forward
         self.hooks = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
     def _hook(self, i):
         def f(mod, args, out):
-            c = torch.bincount(out[0].reshape(-1), minlength=mod.weight.shape[0]).float()   # [E]
-            self.counts[i] = c if self.counts[i] is None else self.counts[i] + c
+            if not mod.training: return                                    # evaluation between steps counts nothing
+            idx = out[0].reshape(-1)                                       # [N*k] chosen experts
+            if self.counts[i] is None: self.counts[i] = torch.zeros(mod.weight.shape[0], device=idx.device)
+            self.counts[i].index_add_(0, idx, torch.ones(idx.shape, device=idx.device))   # [E], no host read
         return f
-    def reset(self): self.counts = [None] * len(self.routers)
+    def reset(self): [c.zero_() for c in self.counts if c is not None]
     @torch.no_grad()
-    def balance(self, rate:float):
-        "Move each router's correction bias by `rate` towards its underloaded experts; returns the worst max/mean load."
-        worst = 0.0
+    def balance(self, rate:float)->torch.Tensor:
+        "Move each router's correction bias by `rate` towards its underloaded experts; the worst max/mean load (0-d tensor)."
+        worst = [torch.zeros((), device=self.routers[0].weight.device)]
         for r, c in zip(self.routers, self.counts):
             if c is None: continue
             r.e_score_correction_bias += rate * torch.sign(c.mean() - c)
-            worst = max(worst, (c.max() / c.mean().clamp_min(1)).item())
+            worst.append(c.max() / c.mean().clamp_min(1))
         self.reset()
-        return worst
+        return torch.stack(worst).max()
     def remove(self): [h.remove() for h in self.hooks]
 
-# %% ../nbs/06a_train.ipynb #8198a064
+# %% ../nbs/06a_train.ipynb #8f49bb4f
+def row_loss(logits:torch.Tensor, # [B, T, V] fp32
+             Y:torch.Tensor, # [B, T] targets, -100 = none
+             per:str="row", # "row": every row with targets weighs the same; "token": every target token does
+            )->torch.Tensor: # 0-d
+    "The training loss, without host reads (a CUDA graph captures it): rows without targets weigh nothing."
+    lt = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), Y.reshape(-1), ignore_index=-100,
+                         reduction="none").view(Y.shape)                    # [B, T], 0 where no target
+    n = (Y != -100).float().sum(1)                                          # [B] targets per row
+    if per == "token": return lt.sum() / n.sum().clamp_min(1)
+    has = (n > 0).float()                                                   # [B]
+    return (lt.sum(1) / n.clamp_min(1) * has).sum() / has.sum().clamp_min(1)
+
+# %% ../nbs/06a_train.ipynb #32200160
+GRAPH_WARMUP = 3   # eager steps before the capture
+
+def train_step(model, opt, loads:RouterLoads, # the model (training mode), its optimizer, its routers' counters
+               X:torch.Tensor, Y:torch.Tensor, # [B, T] the batch's inputs and targets (`make_batch`), on the model's device
+               loss_per:str="row", bias_rate:float=1e-3)->tuple:
+    "One optimizer step; returns (loss, gradient norm, worst expert load) as 0-d device tensors, and reads nothing back."
+    opt.zero_grad(set_to_none=True)
+    logits, _ = model(X)                                                    # [B, T, V] fp32
+    loss = row_loss(logits, Y, loss_per)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+    opt.step()
+    return loss.detach(), gn, loads.balance(bias_rate)
+
+# %% ../nbs/06a_train.ipynb #77629cee
 def train(steps:int=2400, # optimizer steps
           batch:int=32, seq:int=256, # rows and tokens per row
           lr:float=2e-3, warmup:int=100, weight_decay:float=0.05,
           bias_rate:float=1e-3, # the routers' bias step (DeepSeek-V3's gamma)
           mix:dict|None=None, # make_batch's corpus options (recall, copy, all_queries, min_pairs)
           init:str|None=None, # start from these trained weights (a file `save_trained` wrote) instead of the seeded ones
-          kda_chunk:int=8, # KDA's chunk under autograd: larger is fewer Python steps (a GPU's bottleneck here), more memory
+          kda_chunk:int=8, # KDA's chunk under autograd: time and memory grow with it; eager Python steps fall
           loss_per:str="row", # "row": every row's mean target loss weighs the same; "token": every target token does
           probe_every:int=0, # every this many steps, log the recall accuracy on 8 fresh prompts (0: never)
           device:str="cuda", seed:int=0,
           budget_s:float|None=None, # wall-clock budget: the schedule runs on max(step/steps, elapsed/budget), stopping at 1
+          graphs:bool|None=None, # capture the step as one CUDA graph (default: on a CUDA device)
+          dispatch:str|None=None, # the MoE dispatch while training (default "dense" with graphs, else "grouped")
           log_every:int=100, log=print, # a function of one line
          )->tuple: # (the trained model in fp32 on `device`, the log as a list of dicts)
     "Train the tiny configuration from its seeded initial weights on the corpus above; deterministic corpus and init."
     if loss_per not in ("row", "token"): raise ValueError(f"train: loss_per must be 'row' or 'token', got {loss_per!r}")
+    on_cuda = str(device).startswith("cuda")
+    graphs = on_cuda if graphs is None else graphs
+    if graphs and not on_cuda: raise ValueError(f"train: graphs=True needs a CUDA device, got device={device!r}")
+    dispatch = dispatch or ("dense" if graphs else "grouped")
+    if dispatch not in DISPATCHES: raise ValueError(f"train: dispatch {dispatch!r} not in {DISPATCHES}")
+    if graphs and dispatch != "dense": raise ValueError(f"train: a CUDA graph needs dispatch='dense' (static shapes), got {dispatch!r}")
     torch.manual_seed(seed)
     rng, w, cfg = random.Random(seed), Words(), SolarOpen2Config.tiny()
     model = SolarOpen2ForCausalLM(cfg)
@@ -167,45 +206,62 @@ def train(steps:int=2400, # optimizer steps
                 if isinstance(r, SolarRouter): r.e_score_correction_bias.zero_()   # balanced by training, from zero
     for m in model.modules():
         if isinstance(m, KDALayer): m.autograd_chunk_size = kda_chunk
+        if isinstance(m, SolarMoE): m.dispatch = dispatch
     model.to(device).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "conv1d" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "conv1d" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+                            lr=torch.tensor(lr, device=device) if graphs else lr,   # capturable: the rate lives on the device
+                            betas=(0.9, 0.95), eps=1e-8, capturable=graphs)
     lr_at = lambda s, p: lr * min(1.0, s / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
     loads, hist, t0 = RouterLoads(model), [], time.perf_counter()
+    Xs = torch.full((batch, seq), w.eos, dtype=torch.long, device=device)   # [B, T] the step's inputs (fixed buffers)
+    Ys = torch.full((batch, seq), -100, dtype=torch.long, device=device)    # [B, T] its targets
+
+    one_step = lambda: train_step(model, opt, loads, Xs, Ys, loss_per, bias_rate)   # (loss, grad norm, worst load)
+
     tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, True   # fp32 throughout; TF32 matmuls on a GPU
+    graph, static, mode = None, None, "graph" if graphs else "eager"
+    side = torch.cuda.Stream(device=device) if graphs else None
     with torch.enable_grad():                                                # whatever the caller's grad mode
-        run_loss = None
-        step = 0
+        run_loss, step = None, 0
         while True:
             step += 1
             p = max(step / steps, (time.perf_counter() - t0) / budget_s if budget_s else 0.0)   # progress through the schedule
-            for grp in opt.param_groups: grp["lr"] = lr_at(step, p)
-            X, Y = (t.to(device) for t in make_batch(w, rng, batch, seq, **(mix or {})))
-            logits, _ = model(X)                                                 # [B, T, V] fp32
-            lt = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), Y.reshape(-1), ignore_index=-100,
-                                 reduction="none").view(Y.shape)                # [B, T], 0 where no target
-            has = (Y != -100).float()                                           # [B, T]
-            if loss_per == "row":                                               # each row's mean, then the mean over rows
-                n = has.sum(1)                                                  # [B]
-                loss = (lt.sum(1) / n.clamp_min(1))[n > 0].mean()
-            else: loss = lt.sum() / has.sum().clamp_min(1)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            imb = loads.balance(bias_rate)
-            run_loss = loss.item() if run_loss is None else 0.95 * run_loss + 0.05 * loss.item()
+            for grp in opt.param_groups:
+                if graphs: grp["lr"].fill_(lr_at(step, p))
+                else: grp["lr"] = lr_at(step, p)
+            X, Y = make_batch(w, rng, batch, seq, **(mix or {}))
+            if on_cuda: X, Y = X.pin_memory(), Y.pin_memory()               # copied while the last step runs
+            Xs.copy_(X, non_blocking=True); Ys.copy_(Y, non_blocking=True)
+            if graph is not None: graph.replay(); out = static
+            elif mode == "graph" and step <= GRAPH_WARMUP:                   # eager warm-up on a side stream
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side): out = one_step()
+                torch.cuda.current_stream().wait_stream(side)
+            elif mode == "graph":
+                try:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g): static = one_step()
+                    graph = g; graph.replay(); out = static                  # the capture ran nothing: this step's replay
+                except Exception as e:                                       # the same step, eagerly, from here on
+                    log(json.dumps({"step": step, "graph_capture_failed": f"{type(e).__name__}: {e}"[:400]}))
+                    mode = "eager"; torch.cuda.synchronize(); out = one_step()
+            else: out = one_step()
+            loss_t, gn, imb = out
+            run_loss = loss_t.clone() if run_loss is None else run_loss.mul_(0.95).add_(loss_t, alpha=0.05)   # on the device
             last = p >= 1.0 or step >= steps
             if step % log_every == 0 or last:
-                hist.append({"step": step, "loss": round(run_loss, 4), "grad_norm": round(float(gn), 3), "max_load": round(imb, 2),
-                             "lr": round(opt.param_groups[0]["lr"], 6), "s": round(time.perf_counter() - t0, 1)})
+                hist.append({"step": step, "loss": round(run_loss.item(), 4), "grad_norm": round(gn.item(), 3),
+                             "max_load": round(imb.item(), 2), "lr": round(lr_at(step, p), 6),
+                             "s": round(time.perf_counter() - t0, 1), "mode": mode})
                 if probe_every and (step % probe_every == 0 or last):
                     model.eval(); hist[-1]["recall"] = round(recall_accuracy(model, w, n=8)["accuracy"], 3); model.train()
                 log(json.dumps(hist[-1]))
             if last: break
     loads.remove()
+    for m in model.modules():
+        if isinstance(m, SolarMoE): m.dispatch = "grouped"                   # the model as chapter `model` builds it
     torch.backends.cuda.matmul.allow_tf32 = tf32                            # the caller's setting back
     return model.eval(), hist
 
@@ -345,11 +401,17 @@ def cli_train(argv:list|None=None)->int:
     ap.add_argument("--loss-per", choices=("row", "token"), default="row", help="weigh every row's mean target loss the same (row) or every target token (token); default row")
     ap.add_argument("--probe-every", type=int, default=0, help="log the recall accuracy on 8 fresh prompts every this many steps (default 0: never)")
     ap.add_argument("--init", help="continue from this trained file (written by this command; checked against its .json record)")
+    ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=None,
+                    help="capture each step as one CUDA graph (default: on a CUDA device); --no-graphs: eager")
+    ap.add_argument("--dispatch", choices=DISPATCHES, default=None, help="the MoE dispatch while training (default: dense with graphs, else grouped)")
     ap.add_argument("--seed", type=int, default=0); ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if out.exists() or Path(f"{out}.json").exists(): print(f"train: {out} (or its .json) exists; refusing to overwrite", file=sys.stderr); return 2
     if a.kda_chunk < 1 or a.kda_chunk & (a.kda_chunk - 1): print(f"train: --kda-chunk must be a power of two, got {a.kda_chunk}", file=sys.stderr); return 2
+    if a.graphs and not str(a.device).startswith("cuda"): print(f"train: --graphs needs a CUDA device, got --device {a.device}", file=sys.stderr); return 2
+    if a.graphs is not False and str(a.device).startswith("cuda") and a.dispatch not in (None, "dense"):
+        print(f"train: --dispatch {a.dispatch} cannot run in a CUDA graph (pass --no-graphs, or dispatch dense)", file=sys.stderr); return 2
     if a.steps < 1 or a.batch < 1 or a.seq < 128: print("train: --steps and --batch must be >= 1, --seq >= 128", file=sys.stderr); return 2
     t0 = time.perf_counter()
     mix = {"recall": a.recall_frac, "copy": a.copy_frac, "all_queries": a.all_queries, "min_pairs": a.min_pairs}
@@ -362,14 +424,14 @@ def cli_train(argv:list|None=None)->int:
     try: make_batch(Words(), random.Random(0), 1, a.seq, **mix)
     except ValueError as e: print(f"train: {e}", file=sys.stderr); return 2
     model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk,
-                        loss_per=a.loss_per, probe_every=a.probe_every)
+                        loss_per=a.loss_per, probe_every=a.probe_every, graphs=a.graphs, dispatch=a.dispatch)
     train_s = time.perf_counter() - t0
     ev = {"facts": facts_accuracy(model), "recall": recall_accuracy(model), "copy": copy_accuracy(model)}
     print(json.dumps(ev))
     dev = torch.cuda.get_device_name() if str(a.device).startswith("cuda") else platform.processor() or "cpu"
     meta = {"command": " ".join(["python -m solar_open2.train", *(argv if argv is not None else sys.argv[1:])]),
             "device": dev, "torch": torch.__version__, "steps": hist[-1]["step"], "max_steps": a.steps, "budget_s": a.budget_s, "batch": a.batch, "seq": a.seq, "lr": a.lr,
-            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "loss_per": a.loss_per, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
+            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "loss_per": a.loss_per, "step_mode": hist[-1].get("mode"), "dispatch": a.dispatch, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
     sha = save_trained(model, out, meta)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha}) after {train_s:.0f} s")
     return 0
