@@ -104,6 +104,10 @@ def test_the_committed_gpu_report_is_judged_by_todays_gate():
     rep = json.loads(index.path("gpu_spec_vllm_0.25.1_run2_h100.json").read_text())
     assert S.judge(rep) == rep["failures"] and not rep["passed"]
     assert rep["runs"]["compressed-tensors:graphs:eagle3_dummy_piecewise"]["reference"]["batched"][3]["mismatches"] == []
+    rep = json.loads(index.current("gpu_spec_vllm_0.25.1_run3_h100.json").read_text())
+    assert S.judge(rep) == rep["failures"] and not rep["passed"]
+    assert {f.split(": ")[0] for f in rep["failures"]} == {f"{fmt}:graphs:eagle3_{n}_full" for fmt in ("compressed-tensors", "bf16")
+                                                          for n in ("dummy", "k3")}    # only the explicit full-graph verifies
 
 
 def test_the_budget_predicts_the_logged_kv_pool_with_speculation_on():
@@ -114,13 +118,14 @@ def test_the_budget_predicts_the_logged_kv_pool_with_speculation_on():
     from benchmarks import index
     from solar_open2 import budget
     cfg, seen = SolarOpen2Config.tiny(), {}
-    with tarfile.open(index.path("gpu_spec_vllm_0.25.1_run1_h100_logs.tgz")) as tf:
-        for m in tf.getmembers():
-            k = re.search(r"_(base|ngram_k(\d))\.log$", m.name)
-            if not k: continue
-            logged = re.search(r"GPU KV cache size: ([\d,]+) tokens", tf.extractfile(m).read().decode())
-            seen[m.name] = (int(k.group(2) or 0), int(logged.group(1).replace(",", "")))
-    assert len(seen) == 16                                                       # 2 formats x 2 modes x (base + k = 1, 3, 5)
+    for run in ("run1", "run3"):                                                 # before and after the last KDA fixes
+        with tarfile.open(index.path(f"gpu_spec_vllm_0.25.1_{run}_h100_logs.tgz")) as tf:
+            for m in tf.getmembers():
+                k = re.search(r"_(base|ngram_k(\d))\.log$", m.name)
+                if not k: continue
+                logged = re.search(r"GPU KV cache size: ([\d,]+) tokens", tf.extractfile(m).read().decode())
+                seen[run + m.name] = (int(k.group(2) or 0), int(logged.group(1).replace(",", "")))
+    assert len(seen) == 32                                                       # 2 runs x 2 formats x 2 modes x (base + k = 1, 3, 5)
     for name, (k, logged) in seen.items():
         want = budget.kv_capacity(budget.kv_layout(cfg, tp=1, num_speculative_tokens=k), 1 << 30, 1024)["gpu_kv_cache_tokens"]
         assert want == logged, (name, k, want, logged)

@@ -85,10 +85,16 @@ def refuse_speculative(vllm_config)->None:
 
 def spec_graphs_guard(vllm_config, opts)->bool:
     """With a speculative config, the option `spec_full_graphs` off and no CUDA-graph mode asked for, ask for piecewise graphs:
-    verify batches padded for a full graph gave wrong tokens on the H100 (vLLM 0.25.1, 2026-12-06; piecewise was right).
+    verifies of several requests in one full graph gave wrong tokens on the H100 (vLLM 0.25.1, 2026-12-06, runs 2 and 3;
+    one request alone and piecewise graphs were right). A full-graph mode asked for explicitly is kept, with a warning.
     Whether it changed the mode."""
     cc = getattr(vllm_config, "compilation_config", None)
-    if getattr(vllm_config, "speculative_config", None) is None or opts.spec_full_graphs or cc is None or cc.cudagraph_mode is not None:
+    if getattr(vllm_config, "speculative_config", None) is None or opts.spec_full_graphs or cc is None: return False
+    if cc.cudagraph_mode is not None:
+        if cc.cudagraph_mode.has_full_cudagraphs():
+            logging.getLogger("solar_open2").warning(f"solar_open2: speculative decoding with cudagraph_mode "
+                f"{cc.cudagraph_mode.name}: verifies of several requests in one full CUDA graph gave wrong tokens on the GPU "
+                "runs of 2026-12-06 (one request alone was right); PIECEWISE is the mode this plugin has verified")
         return False
     from vllm.config import CUDAGraphMode
     cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
