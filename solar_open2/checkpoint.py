@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_checkpoint.ipynb #8179d730
 from __future__ import annotations
-import fnmatch, functools, hashlib, json, math, os, re, shutil, stat, struct, time, warnings, zlib
+import dataclasses, fnmatch, functools, hashlib, json, math, os, re, shutil, stat, struct, time, warnings, zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -18,12 +18,13 @@ from . import nvfp4, chat
 __all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'MAX_JSON_BYTES', 'PARTIAL_SUFFIXES', 'EXPERT_FORMS',
            'TINY_VERSION', 'TINY_FORMATS', 'TINY_INPUT_AMAX', 'TINY_SHARDS', 'TINY_SUCCESSOR', 'TINY_VARIANTS',
            'TINY_WEIGHTS', 'TINY_TRAINED_FILE', 'TINY_TRAINED_SHA256', 'TINY_SPECIAL_TOKENS', 'TINY_CORPUS',
-           'CACHE_ENV', 'FLOAT_DTYPES', 'SAMPLE_BYTES', 'CHECKPOINT_ENV', 'SAMPLE_PROMPT', 'CheckpointError',
-           'TensorInfo', 'open_regular', 'read_json', 'read_header', 'nvfp4_layout', 'checkpoint_specs',
-           'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems', 'CheckpointScan',
-           'tree_file', 'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes', 'tiny_weights',
-           'tiny_tokenizer', 'trained_tensors_from', 'trained_file', 'trained_weights', 'make_tiny', 'cli_make_tiny',
-           'cache_dir', 'tiny_checkpoint', 'scan_values', 'preflight', 'content_manifest', 'manifest_problems',
+           'CACHE_ENV', 'SLICE_VERSION', 'SLICE_LAYERS', 'FLOAT_DTYPES', 'SAMPLE_BYTES', 'CHECKPOINT_ENV',
+           'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo', 'open_regular', 'read_json', 'read_header', 'nvfp4_layout',
+           'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems',
+           'CheckpointScan', 'tree_file', 'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes',
+           'tiny_weights', 'tiny_tokenizer', 'trained_tensors_from', 'trained_file', 'trained_weights', 'make_tiny',
+           'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'slice_config', 'slice_tensor', 'slice_shards',
+           'make_slice', 'cli_make_slice', 'scan_values', 'preflight', 'content_manifest', 'manifest_problems',
            'cli_preflight', 'real_checkpoint']
 
 # %% ../nbs/05_checkpoint.ipynb #6db45b75
@@ -553,10 +554,10 @@ TINY_TRAINED_FILE = Path(nvfp4.__file__).parent/"data"/"tiny_trained.safetensors
 TINY_TRAINED_SHA256 = "41a501d26d6c6ebb051a17f5ee438a62cdc6817a9c32abc45d1dfeed929158ff"
 
 def _init_tensor(s:TensorSpec, g:torch.Generator, cfg:SolarOpen2Config)->torch.Tensor:
-    "One fp32 tensor of the tiny checkpoint (table above)."
+    "One fp32 tensor of the tiny checkpoint (table above), on `g`'s device."
     n, shape = s.name, s.shape
-    randn = lambda: torch.randn(shape, generator=g)
-    unif = lambda lo, hi: lo + (hi - lo) * torch.rand(shape, generator=g)
+    randn = lambda: torch.randn(shape, generator=g, device=g.device)
+    unif = lambda lo, hi: lo + (hi - lo) * torch.rand(shape, generator=g, device=g.device)
     if s.group == "embed": return randn()
     if n.endswith("norm.weight"): return 1 + 0.1 * randn()
     if n.endswith(".A_log"): return torch.log(unif(1.0, 16.0))
@@ -772,26 +773,38 @@ def make_tiny(path, # directory to create (absent or empty)
     if variant == "real-metadata":
         cfg.eos_token_id = gen_eos[0]                   # config.json: the scalar; generation_config.json: the list
         if format == "compressed-tensors": cfg.quantization_config = _regex_targets(cfg.quantization_config)
+    groups = _shard(tensors, TINY_SHARDS)
+    meta = {"tiny_version": TINY_VERSION, "format": format, "weights": weights if weights in TINY_WEIGHTS else "trained", "variant": variant,
+            **({"seed": seed} if weights == "random" else {"sha256": sha})}
+    return _write_tree(p, ({k: tensors[k] for k in names} for names in groups), len(groups), cfg, gen_eos,
+                       ("solar_open2_tiny.json", meta))
+
+def _write_tree(p:Path, # the checkpoint directory (absent or empty: checked by the caller)
+                shards, # an iterable of {name: tensor} dicts, one a shard, made as they are written
+                n_shards:int, cfg:SolarOpen2Config, gen_eos:list, # generation_config.json's eos_token_id
+                meta:tuple, # (file name, dict): what wrote the tree
+                tokenizer:bool=True, # write the tiny tokenizer for `cfg.vocab_size`
+               )->Path:
+    "Write a checkpoint tree into a temporary sibling, then rename it to `p`: shards, index, config, generation config, tokenizer, record."
+    from safetensors.torch import save_file
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.parent/f".{p.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:
-        groups = _shard(tensors, TINY_SHARDS)
-        weight_map = {}
-        for i, names in enumerate(groups, 1):
-            fn = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
-            save_file({k: tensors[k] for k in names}, str(tmp/fn), metadata={"format": "pt"})
+        weight_map, total = {}, 0
+        for i, part in enumerate(shards, 1):
+            fn = f"model-{i:05d}-of-{n_shards:05d}.safetensors"
+            save_file({k: t.contiguous().cpu() for k, t in part.items()}, str(tmp/fn), metadata={"format": "pt"})
             os.chmod(tmp/fn, 0o666 & ~_umask())           # safetensors writes 0600; the JSON files get the umask's 0644
-            weight_map.update({k: fn for k in names})
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
+            weight_map.update({k: fn for k in part}); total += sum(t.numel() * t.element_size() for t in part.values())
+            del part
         (tmp/INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
         cfg.save(tmp)
         (tmp/"generation_config.json").write_text(json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": gen_eos,
                                                               "pad_token_id": cfg.pad_token_id}, indent=2) + "\n")
-        _tokenizer_files(tmp, cfg)
-        (tmp/"solar_open2_tiny.json").write_text(json.dumps({"tiny_version": TINY_VERSION, "format": format, "weights": weights if weights in TINY_WEIGHTS else "trained", "variant": variant,
-                                                            **({"seed": seed} if weights == "random" else {"sha256": sha})}) + "\n")
-        if p.exists(): p.rmdir()      # empty (checked above); fails if someone wrote into it meanwhile
+        if tokenizer: _tokenizer_files(tmp, cfg)
+        (tmp/meta[0]).write_text(json.dumps(meta[1]) + "\n")
+        if p.exists(): p.rmdir()      # empty (checked by the caller); fails if someone wrote into it meanwhile
         tmp.rename(p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True); raise
@@ -845,6 +858,91 @@ def tiny_checkpoint(format:str="compressed-tensors", # how the routed experts ar
     except (FileExistsError, OSError):
         if not (p/INDEX_NAME).exists(): raise   # another process won the race: its tree is complete (atomic rename)
     return p
+
+# %% ../nbs/05_checkpoint.ipynb #ef90bfbe
+SLICE_VERSION = 1
+SLICE_LAYERS = 2       # the real model's first two layers: 0 full attention, 1 KDA
+
+def slice_config(n_layers:int=SLICE_LAYERS, # layers kept, from the first
+                 base:SolarOpen2Config|None=None, # the config to cut (default: the real one)
+                )->SolarOpen2Config:
+    "`base` cut to its first `n_layers` layers, every other field kept: each matrix has `base`'s shape."
+    base = base or SolarOpen2Config.real()
+    if not 1 <= n_layers <= base.num_hidden_layers:
+        raise ValueError(f"slice_config: n_layers must be 1..{base.num_hidden_layers}, got {n_layers}")
+    gqa = [L for L in base.gqa_layers if L < n_layers]
+    if not gqa or len(gqa) == n_layers:
+        raise ValueError(f"slice_config: the first {n_layers} layer(s) hold {len(gqa)} full-attention and {n_layers - len(gqa)} "
+                         "KDA layer(s); a slice needs at least one of each")
+    return dataclasses.replace(base, num_hidden_layers=n_layers, gqa_layers=gqa, layer_types=None)
+
+def slice_tensor(s:TensorSpec, cfg:SolarOpen2Config, seed:int=0, device="cpu")->torch.Tensor:
+    "One fp32 tensor of a slice, drawn on `device` from a generator seeded by `seed` and the tensor's name (`_init_tensor`'s law)."
+    g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(s.name.encode()))
+    return _init_tensor(s, g, cfg)
+
+def slice_shards(cfg:SolarOpen2Config, seed:int=0, format:str="compressed-tensors", device="cpu"):
+    "A slice's tensors in `format`, one shard at a time: the embedding, each layer (experts quantized matrix by matrix), the final norm and LM head."
+    specs = tensor_specs(cfg)
+    groups = [[s for s in specs if s.group == "embed"]]
+    groups += [[s for s in specs if s.name.startswith(f"model.layers.{L}.")] for L in range(cfg.num_hidden_layers)]
+    groups += [[s for s in specs if s.group in ("lm_head",) or s.name == "model.norm.weight"]]
+    assert sum(map(len, groups)) == len(specs), "every tensor in one shard"
+    for grp in groups:
+        part = {}
+        for s in grp:
+            w = slice_tensor(s, cfg, seed, device)                              # fp32 on `device`
+            if s.group == "routed_expert":                                      # the codec, real-style global scales
+                q = nvfp4.quantize(w, input_amax=TINY_INPUT_AMAX, name=s.name)
+                part.update({n: t.cpu() for n, t in _format_tensors({s.name: q}, format).items()})
+            else: part[s.name] = w.to(_DTYPE[s.dtype]).cpu()
+            del w
+        yield part
+
+def make_slice(path, # directory to create (absent or empty)
+               n_layers:int=SLICE_LAYERS, format:str="compressed-tensors", seed:int=0,
+               device="cpu", # where the weights are drawn and quantized ("cuda" on the GPU machine: minutes, not hours)
+               base:SolarOpen2Config|None=None, # the config to cut (default: the real one; tests use the tiny one)
+              )->Path: # the checkpoint directory
+    "Write a real-shapes slice (`slice_config`) in Nota's layout with the real files' metadata into a new directory."
+    if format not in TINY_FORMATS: raise ValueError(f"format must be one of {TINY_FORMATS}, got {format!r}")
+    p = Path(path)
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        raise FileExistsError(f"{p}: exists and is not an empty directory; refusing to write a checkpoint into it")
+    cfg = slice_config(n_layers, base)
+    if format != "bf16": cfg.quantization_config = nvfp4.quantization_config(format, bf16_linear_modules(cfg))
+    if format == "compressed-tensors": cfg.quantization_config = _regex_targets(cfg.quantization_config)
+    gen_eos = sorted({*cfg.eos_token_ids, chat.SPECIAL_TOKENS[chat.IM_END]})  # generation_config.json: the list
+    cfg.eos_token_id = cfg.eos_token_ids[0]                                     # config.json: the scalar
+    meta = {"slice_version": SLICE_VERSION, "layers": n_layers, "format": format, "seed": seed, "device": str(torch.device(device)),
+            "torch": torch.__version__, "base": "real" if base is None else "given"}
+    return _write_tree(p, slice_shards(cfg, seed, format, device), cfg.num_hidden_layers + 2, cfg, gen_eos,
+                       ("solar_open2_slice.json", meta), tokenizer=False)
+
+# %% ../nbs/05_checkpoint.ipynb #5a9e0898
+def cli_make_slice(argv:list|None=None)->int:
+    "`solar-open2 make-slice DIR [--layers 2] [--format ...] [--seed N] [--device cuda]`: write a real-shapes slice into a new directory."
+    import argparse, sys
+    ap = argparse.ArgumentParser(prog="solar-open2 make-slice", description=cli_make_slice.__doc__)
+    ap.add_argument("dir", help="directory to create (must be absent or empty); two layers take about 9.1 GB")
+    ap.add_argument("--layers", type=int, default=SLICE_LAYERS, help=f"the real model's first N layers (default {SLICE_LAYERS}: one full-attention, one KDA)")
+    ap.add_argument("--format", choices=TINY_FORMATS, default="compressed-tensors", help="routed experts as in make-tiny (default: Nota's compressed-tensors NVFP4)")
+    ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    ap.add_argument("--device", default="cpu", help="where weights are drawn and quantized (cuda on a GPU machine; default cpu)")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try: dev = torch.device(a.device)
+    except RuntimeError: print(f"solar-open2 make-slice: --device {a.device!r}: not a torch device", file=sys.stderr); return 2
+    if dev.type == "cuda" and not torch.cuda.is_available(): print(f"solar-open2 make-slice: --device {a.device}: no CUDA device here", file=sys.stderr); return 2
+    try: slice_config(a.layers)
+    except ValueError as e: print(f"solar-open2 make-slice: --layers {a.layers}: {e}", file=sys.stderr); return 2
+    try:
+        p = make_slice(a.dir, a.layers, a.format, a.seed, device=dev)
+    except (OSError, ValueError, RuntimeError) as e: print(f"solar-open2 make-slice: {e}", file=sys.stderr); return 2
+    s = scan_checkpoint(p)
+    print(f"wrote {p}: Solar-Open2 real-shapes slice of {a.layers} layers ({a.format}, seed {a.seed}, drawn on {a.device}), "
+          f"{len(s.tensors):,} tensors, {s.nbytes/1e9:.2f} GB in {len(s.shards)} shards, {time.perf_counter() - t0:.0f} s")
+    return 0
 
 # %% ../nbs/05_checkpoint.ipynb #84bc5a0e
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")

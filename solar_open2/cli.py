@@ -17,6 +17,7 @@ COMMANDS = {
     "info": ("solar_open2.config", "cli_info", "print a config's layer map, parameter and byte table"),
     "generate": ("solar_open2.model", "cli_generate", "generate text with the reference model (default: the built-in tiny checkpoint)"),
     "make-tiny": ("solar_open2.checkpoint", "cli_make_tiny", "write the built-in tiny checkpoint (compressed-tensors NVFP4, ModelOpt NVFP4 or BF16)"),
+    "make-slice": ("solar_open2.checkpoint", "cli_make_slice", "write a real-shapes slice: the real config's first layers with random weights, Nota's NVFP4 layout"),
     "preflight": ("solar_open2.cli", "cli_preflight", "check a checkpoint tree (DIR) or, with --node, a serving node, before a boot"),
     "budget": ("solar_open2.budget", "cli_budget", "memory and bandwidth budget of a vllm serve configuration (weights per rank, hybrid KV pool, Spark headroom, decode roofline)"),
     "scripts": ("solar_open2.serving", "cli_scripts", "write the two-Spark serving scripts (Ray, preflight, serve, oom-guard, stop)"),

@@ -1,7 +1,7 @@
 """The GPU parity script's CPU-checkable parts: prompts, the entry-point shim that vLLM's plugin loader must find in a
 fresh process, and the reference-side comparison (tokens and logprobs) on the tiny checkpoint. The GPU run itself is
 the coordinator's (`python -m benchmarks.engine.parity` on the H200 machine)."""
-import os, subprocess, sys
+import argparse, os, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +107,32 @@ def test_trained_weights_prompts_tasks_and_behaviour_gates():
     assert gp.judge_behaviour("c", {"facts": 1.0, "recall": 0.97, "copy": 0.9}, ref, a) == []
     f = gp.judge_behaviour("c", {"facts": 0.9, "recall": 0.5, "copy": 0.8}, ref, a)
     assert sum("accuracy" in x for x in f) == 2 and any("copy 0.800 vs the fp32 reference's 0.900" in x for x in f), f
+
+
+def test_slice_prompts_reach_4k_tokens_inside_the_real_vocabulary():
+    ps = gp.slice_prompts()
+    assert [len(p) for p in ps] == [5, 130, 700, 4096] and gp.slice_prompts() == ps
+    assert all(1000 <= t < 196608 - 1000 for p in ps for t in p)
+    assert gp.prompts_for("random", slice_layers=2) == ps and gp.prompts_for("random") == gp.prompts()
+
+
+def test_a_kernel_given_but_never_launched_fails_the_run():
+    "The workers' LaunchProbe records: a given kernel with no launch is a failure line; a failed probe too; old reports have none."
+    a = argparse.Namespace(logprob_tol=0.1, logprob_mean_tol=0.05, noise_factor=2.0, min_recall=0.95,
+                                                  min_facts=0.95, behaviour_drop=0.03)
+    cmp = {"mismatches": [], "near_ties": [], "max_abs_dlogprob": 0.0, "mean_abs_dlogprob": 0.0}
+    run = {"single": [cmp], "batched": [cmp]}
+    assert gp.judge_run("ct:eager:float32", run, a) == []                               # a report from before the probe
+    ok = [{"applied": {"moe_kernels": 2, "gemv": 0}, "launches": {"moe_decode_triton": 7}}]
+    assert gp.judge_run("ct:eager:float32", {**run, "launches": ok}, a) == []
+    bad = [ok[0], {"applied": {"gemv": 12, "router_kernel": 2}, "launches": {"route_triton": 3}}]
+    assert gp.judge_run("ct:eager:float32", {**run, "launches": bad}, a) == [
+        "ct:eager:float32 rank 1: gemv: on in 12 layer(s) but gemv_triton never launched"]
+    assert gp.judge_run("ct:eager:float32", {**run, "launches": "AttributeError: no solar_launches"}, a)[0].startswith(
+        "ct:eager:float32: no kernel launch record")
+
+
+def test_a_slice_of_one_layer_is_refused_before_anything_runs():
+    r = subprocess.run([sys.executable, "-m", "benchmarks.engine.parity", "--slice", "1"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and "--slice 1" in r.stderr and "at least one of each" in r.stderr, r.stderr[-1000:]

@@ -22,6 +22,12 @@ checkpoint and compares:
   one KDA chunk), 16 copies of 40 words. Gates: recall >= --min-recall (0.95), facts >= --min-facts (0.95), no task
   more than --behaviour-drop (0.03) below the fp32 reference's teacher-forced score (copying is otherwise only reported).
 
+With `--slice N` the checkpoint is a real-shapes slice instead (`solar_open2.checkpoint.make_slice`: the real config's
+first N layers, random weights, Nota's NVFP4 layout, drawn on the GPU at run time), so the plugin's kernels run at
+the shapes their tables name; the prompts are token ids of 5, 130, 700 and 4,096 tokens (`slice_prompts`). Every
+engine also reports, per worker, which kernels the plugin gave the model and which launched
+(`solar_open2.vllm.model.LaunchProbe`); a kernel given to some layer that never launched is a failure.
+
 Pass: every vLLM token is the reference's argmax (near-ties excepted); fp32 cases: top-20 max |dlogprob| <=
 --logprob-tol (default 0.1 nats) and mean <= --logprob-mean-tol (0.05; measured 0.016, TF32 in the Triton kernels is
 the likely cause); bf16 cases: top-20 mean |dlogprob| within --noise-factor (2) x
@@ -69,8 +75,20 @@ def text_prompts() -> list:
             copy_prompts(w, n=1)[0][0], w.enc(TINY_CORPUS)[:200]]
 
 
-def prompts_for(weights: str) -> list:
-    "The parity prompts: token-id sequences for the random weights (`prompts`), the corpus's tasks for trained ones."
+SLICE_LENGTHS = (5, 130, 700, 4096)   # the real-shapes slice's prompts: short, one KDA chunk, the fp32 tail's 700, 4K
+
+
+def slice_prompts(vocab: int = 196608, lengths: tuple = SLICE_LENGTHS) -> list:
+    "Deterministic token-id prompts for the real-shapes slice (its vocabulary, away from the special ids at either end)."
+    lo = min(1000, vocab // 8)
+    return [[lo + (a * i * i + b * i + n) % (vocab - 2 * lo) for i in range(n)]
+            for n, (a, b) in zip(lengths, ((7, 3), (13, 5), (29, 11), (31, 17)))]
+
+
+def prompts_for(weights: str, slice_layers: int = 0) -> list:
+    """The parity prompts: token-id sequences for the random weights (`prompts`), the corpus's tasks for trained ones,
+    up to 4K token ids for a real-shapes slice (`slice_prompts`)."""
+    if slice_layers: return slice_prompts()
     return prompts() if weights == "random" else text_prompts()
 
 
@@ -108,13 +126,18 @@ def entry_point_shim(root: Path) -> Path:
 
 def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
              moe_backend: str = "auto", gemv_probe: bool = False, gpu_memory_utilization: float = 0.3,
-             kv_cache_memory_bytes: int | None = None, weights: str = "random", behaviour: bool = False) -> dict:
-    """Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs.
+             kv_cache_memory_bytes: int | None = None, weights: str = "random", behaviour: bool = False,
+             slice_layers: int = 0) -> dict:
+    """Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs, and from
+    every worker which of the plugin's kernels the model was given and which launched (`LaunchProbe`).
     A fixed `kv_cache_memory_bytes` skips vLLM's memory profiling, which other engines on the same GPU would upset."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
+    ps = prompts_for(weights, slice_layers)
+    max_len = max(1024, max(map(len, ps)) + n_tokens + 64)
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=0,
-              max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False)
+              max_model_len=max_len, max_num_seqs=8, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False,
+              worker_extension_cls="solar_open2.vllm.model.LaunchProbe")
     if kv_cache_memory_bytes: kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     if additional_config: kw["additional_config"] = additional_config
     if moe_backend != "auto": kw["moe_backend"] = moe_backend
@@ -136,7 +159,6 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
                         "topk": [{int(i): float(x.logprob) for i, x in lp.items()} for lp in c.logprobs]})
         return res
 
-    ps = prompts_for(weights)
     t = time.perf_counter()
     single = [gen([p])[0] for p in ps]
     t_single = time.perf_counter() - t
@@ -147,8 +169,11 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
             sps = [SamplingParams(temperature=0.0, max_tokens=len(a), ignore_eos=True, detokenize=False) for _, a in items]
             outs = llm.generate([{"prompt_token_ids": p} for p, _ in items], sps, use_tqdm=False)
             beh[task] = [list(o.outputs[0].token_ids) for o in outs]
+    try: launches = llm.collective_rpc("solar_launches")                     # per worker: apply's record and the launch counts
+    except Exception as e: launches = f"{type(e).__name__}: {e}"
     cfg = llm.llm_engine.vllm_config
     return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched, "dtype": dtype, "behaviour": beh,
+            "launches": launches, "max_model_len": max_len,
             "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
             "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config,
             "moe_backend": cfg.kernel_config.moe_backend, "architecture": cfg.model_config.architecture}
@@ -156,11 +181,12 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
 
 # ---- parent: reference, comparisons -----------------------------------------------------------------------------
 
-def load_reference(ckpt_dir: Path, device: str, dtype: str = "float32"):
-    "The reference model (chapter 05) on `ckpt_dir` in `dtype`, NVFP4 experts dequantised once (cached)."
+def load_reference(ckpt_dir: Path, device: str, dtype: str = "float32", cache_experts: bool = True):
+    """The reference model (chapter 05) on `ckpt_dir` in `dtype`, NVFP4 experts dequantised once (cached) or, for a
+    real-shapes slice (640 experts: 40 GB dequantised in fp32), at every use."""
     import torch
     from solar_open2.model import SolarOpen2ForCausalLM
-    return SolarOpen2ForCausalLM.from_pretrained(ckpt_dir, dtype=getattr(torch, dtype), device=device, cache_experts=True)
+    return SolarOpen2ForCausalLM.from_pretrained(ckpt_dir, dtype=getattr(torch, dtype), device=device, cache_experts=cache_experts)
 
 
 def reference_logprobs(m, ids: list, device: str):
@@ -211,7 +237,7 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 def child_main(a) -> int:
     res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe,
-                   a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random")
+                   a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random" and not a.slice, a.slice)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -221,6 +247,8 @@ def child_main(a) -> int:
 # graphs, then the BF16 twin in bf16 (judged against the reference's own bf16 noise floor).
 DEFAULT_CASES = ("compressed-tensors:eager:bfloat16", "bf16:eager:float32", "compressed-tensors:graphs:bfloat16",
                  "bf16:eager:bfloat16")
+# the slice: Nota's format only (its BF16 twin is 20 GB of experts, an fp32 engine 48 GB of weights)
+SLICE_CASES = ("compressed-tensors:eager:bfloat16", "compressed-tensors:graphs:bfloat16")
 
 
 def judge(case: str, dtype: str, cmps: list, a) -> list:
@@ -257,13 +285,22 @@ def judge_behaviour(case: str, beh: dict, ref: dict, a) -> list:
     return fails
 
 
+def judge_launches(key: str, launches) -> list:
+    """Failure lines for the workers' `LaunchProbe` records: a kernel the model was given that never launched
+    (`solar_open2.vllm.model.launch_problems`), or no record (the probe failed). Absent in reports from before it."""
+    from solar_open2.vllm.model import launch_problems
+    if isinstance(launches, str): return [f"{key}: no kernel launch record ({launches[:300]})"]
+    return [f"{key} rank {i}: {p}" for i, w in enumerate(launches) for p in launch_problems(w.get("applied") or {}, w.get("launches") or {})]
+
+
 def judge_run(key: str, r: dict, a) -> list:
     """Failure lines for one entry of `report["runs"]`: a case (`FORMAT:MODE:DTYPE`, its single and batched
-    comparisons) or an `...:eager_vs_graphs` record (identical tokens required)."""
+    comparisons, its workers' kernel launches) or an `...:eager_vs_graphs` record (identical tokens required)."""
     if "single" in r:
         dtype = key.split(":")[2]
         fails = judge(key, dtype, r["single"], a) + judge(key + " (batched)", dtype, r["batched"], a)
         if r.get("behaviour"): fails += judge_behaviour(key, r["behaviour"], r["behaviour_reference"], a)
+        if r.get("launches") is not None: fails += judge_launches(key, r["launches"])
         return fails
     same = r.get("same_tokens", [])
     return [] if all(same) else [f"{key}: eager and CUDA graphs differ in tokens for prompts {[i for i, x in enumerate(same) if not x]}"]
@@ -288,8 +325,9 @@ def rejudge(a) -> int:
 
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES),
-                    help="FORMAT:MODE:DTYPE, format in compressed-tensors|modelopt|bf16, mode eager|graphs, dtype bfloat16|float32")
+    ap.add_argument("--cases", nargs="+", default=None,
+                    help="FORMAT:MODE:DTYPE, format in compressed-tensors|modelopt|bf16, mode eager|graphs, dtype bfloat16|float32 "
+                         f"(default: {' '.join(DEFAULT_CASES)}; with --slice: {' '.join(SLICE_CASES)})")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--logprob-tol", type=float, default=0.1, help="fp32 cases: max |dlogprob| over the top-20 tokens")
     ap.add_argument("--logprob-mean-tol", type=float, default=0.05, help="fp32 cases: mean |dlogprob| over the top-20 tokens")
@@ -314,6 +352,9 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--moe-backend", default="auto", help="vLLM's moe_backend in every run (auto: vLLM chooses, Marlin on Hopper)")
     ap.add_argument("--gemv-probe", action="store_true", help="run the plugin's test model SolarOpen2GemvProbeForCausalLM "
                     "(every unquantized linear shape, the router and the LM head through the GEMV kernels, on any GPU)")
+    ap.add_argument("--slice", type=int, default=0, metavar="N", help="run on a real-shapes slice of the real model's first N "
+                    "layers (solar_open2.checkpoint.make_slice, drawn on the GPU: about 9.1 GB at N = 2) instead of the tiny "
+                    "checkpoints, with token-id prompts of 5 to 4,096 tokens; default 0: the tiny checkpoints")
     ap.add_argument("--additional-config", help="JSON object passed to vLLM as additional_config in every run, "
                     "e.g. '{\"solar_open2_fuse_kda_proj\": true}'")
     a = ap.parse_args(argv)
@@ -322,10 +363,14 @@ def main(argv: list | None = None) -> int:
         try: a.ac = json.loads(a.additional_config)
         except json.JSONDecodeError as e: ap.error(f"--additional-config: not JSON ({e})")
         if not isinstance(a.ac, dict): ap.error(f"--additional-config: expected a JSON object, got {a.additional_config!r}")
+    if a.slice:
+        from solar_open2.checkpoint import slice_config
+        try: slice_config(a.slice)
+        except ValueError as e: ap.error(f"--slice {a.slice}: {e}")
     if a.child_model: return child_main(a)
     if a.rejudge: return rejudge(a)
     cases = []
-    for c in a.cases:
+    for c in a.cases or (SLICE_CASES if a.slice else DEFAULT_CASES):
         fmt, mode, dtype = (c.split(":") + ["bfloat16"])[:3]
         if fmt not in ("compressed-tensors", "modelopt", "bf16") or mode not in MODES or dtype not in ("bfloat16", "float32"):
             ap.error(f"--cases: bad case {c!r}")
@@ -336,7 +381,8 @@ def main(argv: list | None = None) -> int:
     t_start = time.time()
     if not torch.cuda.is_available():
         print("gpu_parity: no CUDA device", file=sys.stderr); return 2
-    from solar_open2.checkpoint import make_tiny, trained_file
+    from solar_open2.checkpoint import make_slice, make_tiny, trained_file
+    if a.slice: a.weights = "random"                                    # random weights of the real shapes: no behaviour tasks                                            # random weights of the real shapes: no behaviour tasks
     if a.weights != "random":
         try: w_file, w_sha = trained_file(a.weights)
         except (OSError, ValueError) as e: ap.error(f"--weights: {e}")
@@ -352,16 +398,21 @@ def main(argv: list | None = None) -> int:
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
               "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats,
               "weights": "random" if a.weights == "random" else {"arg": a.weights, "file": str(w_file), "sha256": w_sha},
+              "slice_layers": a.slice,
               "min_recall": a.min_recall, "min_facts": a.min_facts, "behaviour_drop": a.behaviour_drop, "runs": {}, "failures": [],
               "reference_behaviour": {}}
-    ps = prompts_for(a.weights); refs = {}; done = {}
+    ps = prompts_for(a.weights, a.slice); refs = {}; done = {}
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for fmt, mode, dtype in cases:
         case = f"{fmt}:{mode}:{dtype}"
         if time.time() - t_start > a.deadline_s:
             report["failures"].append(f"{case}: not run (deadline)"); continue
-        ck = work / f"tiny_{fmt.replace('-', '_')}"
-        if not (ck / "config.json").exists(): make_tiny(ck, format=fmt, weights=a.weights)
+        ck = work / f"{'slice' if a.slice else 'tiny'}_{fmt.replace('-', '_')}"
+        if not (ck / "config.json").exists():
+            t_ck = time.time()
+            if a.slice: make_slice(ck, a.slice, format=fmt, device="cuda")
+            else: make_tiny(ck, format=fmt, weights=a.weights)
+            report.setdefault("checkpoint_s", {})[fmt] = round(time.time() - t_ck, 1)
         outf = work / f"vllm_{fmt}_{mode}_{dtype}.json"
         t = time.time()
         try:
@@ -371,7 +422,7 @@ def main(argv: list | None = None) -> int:
                                + (["--gemv-probe"] if a.gemv_probe else [])
                                + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
                                + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
-                               + ["--moe-backend", a.moe_backend, "--weights", a.weights], env=env, cwd=ROOT,
+                               + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:
             txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
@@ -382,7 +433,7 @@ def main(argv: list | None = None) -> int:
             continue
         res = json.loads(outf.read_text()); res["wall_s"] = round(time.time() - t, 1)
         try:
-            if fmt not in refs: refs[fmt] = (load_reference(ck, "cuda", "float32"), load_reference(ck, "cuda", "bfloat16"))
+            if fmt not in refs: refs[fmt] = (load_reference(ck, "cuda", "float32", not a.slice), load_reference(ck, "cuda", "bfloat16", not a.slice))
         except Exception as e:
             report["failures"].append(f"{fmt}: reference model failed to load: {type(e).__name__}: {e}"); continue
         m32, m16 = refs[fmt]
@@ -392,7 +443,8 @@ def main(argv: list | None = None) -> int:
         single = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["single"])]
         batched = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["batched"])]
         same_batched = [g["tokens"] == b["tokens"] for g, b in zip(res["single"], res["batched"])]
-        rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config", "moe_backend", "architecture")}
+        rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config", "moe_backend",
+                                       "architecture", "launches", "max_model_len")}
         rec.update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
                     "single": single, "batched": batched, "batched_equals_single": same_batched,
                     "tokens": [g["tokens"] for g in res["single"]]})

@@ -18,6 +18,9 @@
 #                 random EAGLE-3 head proposing K tokens (every draft rejected, so each step verifies 1 + K tokens), one
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
 #                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls)
+#   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
+#                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
+#                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -71,6 +74,9 @@ run_one() {
             job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
               bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" ;;
+    slice) job "$j" python3 -m benchmarks.engine.parity --slice 2 --out "$OUT/$j" \
+             --name "gpu_parity_slice_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" --deadline-s "$DEADLINE_S" \
+             --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" ;;
     spec-rank)
       ab=(); for k in ${SPEC_KS:-0 1 3}; do
         if [ "$k" = 0 ]; then ab+=(--ab "k0="); else ab+=(--ab "k$k=--draft-head $k --spec-full-graphs"); fi
@@ -83,7 +89,7 @@ run_one() {
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity spec spec-rank "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity slice spec spec-rank "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done

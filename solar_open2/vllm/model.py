@@ -34,7 +34,7 @@ from .config import refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, apply_kda, kda_fused_target, kda_state_copy_func, kda_state_dtype,
                                   kda_state_shape, load_kda_tensor)
 from .linear import pair_apply, use_gemv_kernels, use_gemv_pairs
-from .moe import SolarOpen2MoE, apply_moe
+from .moe import SolarMoERouter, SolarOpen2MoE, apply_moe
 from .ops import kda_decode, kda_gates, moe_decode, moe_route, tiles
 from .ops.gemv import GemvTables
 from .options import Options, on_arch, options_of
@@ -42,8 +42,9 @@ from .options import Options, on_arch, options_of
 logger = init_logger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'SolarOpen2Attention', 'SolarOpen2DecoderLayer', 'SolarOpen2Model', 'model_options', 'apply',
-           'engine_checks', 'engine_start_check', 'SolarOpen2ForCausalLM', 'WeightLoadError']
+__all__ = ['logger', 'KERNEL_LAUNCHERS', 'SolarOpen2Attention', 'SolarOpen2DecoderLayer', 'SolarOpen2Model', 'model_options',
+           'apply', 'launch_problems', 'LaunchProbe', 'engine_checks', 'engine_start_check', 'SolarOpen2ForCausalLM',
+           'WeightLoadError']
 
 # %% ../../nbs/08_vllm/07_model.ipynb #4076a839
 class SolarOpen2Attention(nn.Module):
@@ -155,7 +156,10 @@ def apply(model:nn.Module, # a built `SolarOpen2ForCausalLM`, weights not yet lo
     pairs = use_gemv_pairs(model, tables) if opts.gemv_pairs else []
     return {"gemv": gemv, "gemv_pairs": pairs, "gemv_table": tables.single.name,
             "kda_gate_kernel": sum(l.gate_kernel for l in kda), "kda_decode_kernel": sum(l.decode_kernel for l in kda),
-            "kda_decode_gates": sum(l.decode_gates for l in kda), "moe_kernels": sum(moes), "kda_layers": len(kda), "moe_layers": len(moes)}
+            "kda_decode_gates": sum(l.decode_gates for l in kda), "moe_kernels": sum(moes),
+            "router_kernel": sum(isinstance(getattr(m.experts, "router", None), SolarMoERouter) for m in model.modules()
+                                 if isinstance(m, SolarOpen2MoE)),
+            "kda_layers": len(kda), "moe_layers": len(moes)}
 
 def _summary(opts:Options, done:dict)->str:
     "One log line: the options that are off, and what `apply` did."
@@ -164,6 +168,36 @@ def _summary(opts:Options, done:dict)->str:
             f"({done['gemv_table']}), {len(done['gemv_pairs'])} pairs one launch each; KDA layers with the gate kernels "
             f"{done['kda_gate_kernel']}/{done['kda_layers']}, the decode kernel {done['kda_decode_kernel']}/{done['kda_layers']} "
             f"(gates mode {done['kda_decode_gates']}); MoE layers on our experts {done['moe_kernels']}/{done['moe_layers']}")
+
+# %% ../../nbs/08_vllm/07_model.ipynb #f4a776f9
+KERNEL_LAUNCHERS = {"gemv": ("gemv_triton",), "gemv_pairs": ("gemv_pair_triton",), "kda_gate_kernel": ("kda_gates_triton",),
+                    "kda_decode_kernel": ("kda_decode_triton", "kda_decode_lr_triton"), "moe_kernels": ("moe_decode_triton",),
+                    "router_kernel": ("route_triton",)}   # `apply`'s record key -> the launchers (ops) that serve it
+
+def _count(v)->int: return len(v) if isinstance(v, (list, tuple)) else int(v or 0)
+
+def launch_problems(applied:dict, # `apply`'s record (layer lists or counts)
+                    launches:dict, # launcher name -> calls (`ops.LAUNCHES` of the process that ran the model)
+                   )->list: # one line per kernel given to some layer that never launched
+    "The kernels `apply` gave the model that never launched."
+    out = []
+    for key, names in KERNEL_LAUNCHERS.items():
+        n = _count(applied.get(key))
+        if n and not any(launches.get(x, 0) for x in names):
+            out.append(f"{key}: on in {n} layer(s) but {' / '.join(names)} never launched")
+    return out
+
+class LaunchProbe:
+    """A vLLM worker extension (`worker_extension_cls="solar_open2.vllm.model.LaunchProbe"`): `solar_launches()` returns
+    this worker's `apply` record (lists as counts) and its `ops.LAUNCHES`."""
+    def solar_launches(self)->dict:
+        from solar_open2.vllm.ops import LAUNCHES
+        runner = self.model_runner
+        m = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        m = m.unwrap() if hasattr(m, "unwrap") else m                          # a compiled or graph wrapper
+        applied = getattr(m, "applied", None)
+        return {"launches": dict(LAUNCHES),
+                "applied": None if applied is None else {k: (_count(v) if isinstance(v, (list, tuple)) else v) for k, v in applied.items()}}
 
 # %% ../../nbs/08_vllm/07_model.ipynb #5e1f0102
 def engine_checks(model:nn.Module)->dict:

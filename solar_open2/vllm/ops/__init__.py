@@ -5,19 +5,23 @@
 # %% ../../../nbs/08_ops/00_ops.ipynb #fb5ca124
 from __future__ import annotations
 import os
+from collections import Counter
 
 # %% auto #0
-__all__ = ['interpreting', 'check_device']
+__all__ = ['LAUNCHES', 'interpreting', 'check_device']
 
 # %% ../../../nbs/08_ops/00_ops.ipynb #920a52c2
 def interpreting()->bool:
     "Whether Triton's interpreter is on (`TRITON_INTERPRET=1`, which must be set before Triton is imported): kernels then run on CPU tensors."
     return os.environ.get("TRITON_INTERPRET") == "1"
 
+LAUNCHES = Counter()   # launcher name -> calls from Python in this process (a CUDA graph's capture counts once, its replays not)
+
 def check_device(x, # a tensor the kernel reads
-                 name:str, # the launcher, for the message
+                 name:str, # the launcher, for the message and the count
                 )->None:
-    "Raise unless `x` is on a CUDA device or Triton's interpreter is on."
+    "Raise unless `x` is on a CUDA device or Triton's interpreter is on; count the launch in `LAUNCHES`."
     if not x.is_cuda and not interpreting():
         raise RuntimeError(f"{name} on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before Triton is "
                            "first imported (the tests run it in a subprocess)")
+    LAUNCHES[name] += 1
