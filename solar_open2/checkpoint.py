@@ -877,7 +877,7 @@ def slice_config(n_layers:int=SLICE_LAYERS, # layers kept, from the first
     return dataclasses.replace(base, num_hidden_layers=n_layers, gqa_layers=gqa, layer_types=None)
 
 def slice_tensor(s:TensorSpec, cfg:SolarOpen2Config, seed:int=0, device="cpu")->torch.Tensor:
-    "One fp32 tensor of a slice, drawn on `device` from a generator seeded by `seed` and the tensor's name (`_init_tensor`'s law)."
+    "One fp32 tensor of a slice, drawn on `device` from a generator seeded by `seed` and the tensor's name (the tiny checkpoint's law)."
     g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(s.name.encode()))
     return _init_tensor(s, g, cfg)
 

@@ -101,9 +101,6 @@ def test_the_plan_runs_baselines_first_and_only_what_is_asked():
 def test_the_committed_gpu_report_is_judged_by_todays_gate():
     "The current GPU report re-judged from its stored comparisons gives the failures it recorded (nothing hidden, nothing new)."
     from benchmarks import index
-    rep = json.loads(index.path("gpu_spec_vllm_0.25.1_run2_h100.json").read_text())
-    assert S.judge(rep) == rep["failures"] and not rep["passed"]
-    assert rep["runs"]["compressed-tensors:graphs:eagle3_dummy_piecewise"]["reference"]["batched"][3]["mismatches"] == []
     rep = json.loads(index.current("gpu_spec_vllm_0.25.1_run3_h100.json").read_text())
     assert S.judge(rep) == rep["failures"] and not rep["passed"]
     assert {f.split(": ")[0] for f in rep["failures"]} == {f"{fmt}:graphs:eagle3_{n}_full" for fmt in ("compressed-tensors", "bf16")
