@@ -136,3 +136,12 @@ def test_a_slice_of_one_layer_is_refused_before_anything_runs():
     r = subprocess.run([sys.executable, "-m", "benchmarks.engine.parity", "--slice", "1"], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)
     assert r.returncode == 2 and "--slice 1" in r.stderr and "at least one of each" in r.stderr, r.stderr[-1000:]
+
+
+def test_long_prompts_for_the_float32_tail():
+    "700 and 4,096 tokens: token ids inside the tiny vocabulary (no special ids) for random weights, the corpus for trained ones."
+    for w in ("random", "trained"):
+        ps = gp.long_prompts(w)
+        assert [len(p) for p in ps] == [700, 4096] and gp.prompts_for(w, long=True) == ps
+        assert all(0 <= t < 1024 for p in ps for t in p)
+    assert all(142 <= t for p in gp.long_prompts("random") for t in p)

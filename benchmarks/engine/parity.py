@@ -85,10 +85,25 @@ def slice_prompts(vocab: int = 196608, lengths: tuple = SLICE_LENGTHS) -> list:
             for n, (a, b) in zip(lengths, ((7, 3), (13, 5), (29, 11), (31, 17)))]
 
 
-def prompts_for(weights: str, slice_layers: int = 0) -> list:
+LONG_LENGTHS = (700, 4096)   # the float32 tail: 700 tokens (where it was seen), 4K (where the limits must hold)
+
+
+def long_prompts(weights: str, lengths: tuple = LONG_LENGTHS) -> list:
+    """Long prompts for the tiny checkpoints: token ids (random weights, `prompts`' rule) or the tokenizer corpus
+    repeated (trained weights: text the model has seen), cut to `lengths`."""
+    if weights == "random":
+        return [[142 + (a * i * i + b * i + n) % (1024 - 142) for i in range(n)] for n, (a, b) in zip(lengths, ((41, 23), (43, 29)))]
+    from solar_open2.checkpoint import TINY_CORPUS
+    from solar_open2.train import Words
+    ids = Words().enc(TINY_CORPUS)
+    return [(ids * (n // len(ids) + 1))[:n] for n in lengths]
+
+
+def prompts_for(weights: str, slice_layers: int = 0, long: bool = False) -> list:
     """The parity prompts: token-id sequences for the random weights (`prompts`), the corpus's tasks for trained ones,
-    up to 4K token ids for a real-shapes slice (`slice_prompts`)."""
+    up to 4K token ids for a real-shapes slice (`slice_prompts`), 700 and 4,096 tokens with `long` (`long_prompts`)."""
     if slice_layers: return slice_prompts()
+    if long: return long_prompts(weights)
     return prompts() if weights == "random" else text_prompts()
 
 
@@ -127,13 +142,13 @@ def entry_point_shim(root: Path) -> Path:
 def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
              moe_backend: str = "auto", gemv_probe: bool = False, gpu_memory_utilization: float = 0.3,
              kv_cache_memory_bytes: int | None = None, weights: str = "random", behaviour: bool = False,
-             slice_layers: int = 0) -> dict:
+             slice_layers: int = 0, long: bool = False) -> dict:
     """Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs, and from
     every worker which of the plugin's kernels the model was given and which launched (`LaunchProbe`).
     A fixed `kv_cache_memory_bytes` skips vLLM's memory profiling, which other engines on the same GPU would upset."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
-    ps = prompts_for(weights, slice_layers)
+    ps = prompts_for(weights, slice_layers, long)
     max_len = max(1024, max(map(len, ps)) + n_tokens + 64)
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=0,
               max_model_len=max_len, max_num_seqs=8, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False,
@@ -237,7 +252,7 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 def child_main(a) -> int:
     res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe,
-                   a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random" and not a.slice, a.slice)
+                   a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random" and not a.slice, a.slice, a.long)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -355,6 +370,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--slice", type=int, default=0, metavar="N", help="run on a real-shapes slice of the real model's first N "
                     "layers (solar_open2.checkpoint.make_slice, drawn on the GPU: about 9.1 GB at N = 2) instead of the tiny "
                     "checkpoints, with token-id prompts of 5 to 4,096 tokens; default 0: the tiny checkpoints")
+    ap.add_argument("--long", action="store_true", help="prompts of 700 and 4,096 tokens (long_prompts) instead of the "
+                    "short ones: the float32 tail at long prompts (pair with --cases bf16:eager:float32)")
     ap.add_argument("--additional-config", help="JSON object passed to vLLM as additional_config in every run, "
                     "e.g. '{\"solar_open2_fuse_kda_proj\": true}'")
     a = ap.parse_args(argv)
@@ -398,10 +415,10 @@ def main(argv: list | None = None) -> int:
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
               "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats,
               "weights": "random" if a.weights == "random" else {"arg": a.weights, "file": str(w_file), "sha256": w_sha},
-              "slice_layers": a.slice,
+              "slice_layers": a.slice, "long_prompts": a.long,
               "min_recall": a.min_recall, "min_facts": a.min_facts, "behaviour_drop": a.behaviour_drop, "runs": {}, "failures": [],
               "reference_behaviour": {}}
-    ps = prompts_for(a.weights, a.slice); refs = {}; done = {}
+    ps = prompts_for(a.weights, a.slice, a.long); refs = {}; done = {}
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for fmt, mode, dtype in cases:
         case = f"{fmt}:{mode}:{dtype}"
@@ -422,7 +439,8 @@ def main(argv: list | None = None) -> int:
                                + (["--gemv-probe"] if a.gemv_probe else [])
                                + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
                                + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
-                               + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)], env=env, cwd=ROOT,
+                               + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)]
+                               + (["--long"] if a.long else []), env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:
             txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))

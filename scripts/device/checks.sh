@@ -21,6 +21,8 @@
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
 #                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs)
+#   tail          the float32 tail at long prompts: the BF16 tiny checkpoint in float32, eager, prompts of 700 and 4,096
+#                 tokens (benchmarks.engine.parity --long --cases bf16:eager:float32; PARITY_ARGS as for parity)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -74,6 +76,10 @@ run_one() {
             job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
               bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" ;;
+    tail) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"
+          job "$j" python3 -m benchmarks.engine.parity --long --cases bf16:eager:float32 --out "$OUT/$j" \
+            --name "gpu_parity_tail_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" --deadline-s "$DEADLINE_S" \
+            "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" ;;
     slice) job "$j" python3 -m benchmarks.engine.parity --slice 2 --out "$OUT/$j" \
              --name "gpu_parity_slice_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" --deadline-s "$DEADLINE_S" \
              --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" ;;
@@ -89,7 +95,7 @@ run_one() {
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity slice spec spec-rank "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done
