@@ -797,7 +797,7 @@ def _write_tree(p:Path, # the checkpoint directory (absent or empty: checked by 
             save_file({k: t.contiguous().cpu() for k, t in part.items()}, str(tmp/fn), metadata={"format": "pt"})
             os.chmod(tmp/fn, 0o666 & ~_umask())           # safetensors writes 0600; the JSON files get the umask's 0644
             weight_map.update({k: fn for k in part}); total += sum(t.numel() * t.element_size() for t in part.values())
-            del part
+            del part                                       # freed before the next shard is made (a slice's are GBs)
         (tmp/INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2) + "\n")
         cfg.save(tmp)
         (tmp/"generation_config.json").write_text(json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": gen_eos,

@@ -20,9 +20,9 @@ from .kda import KDALayer
 
 # %% auto #0
 __all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'TRAPS', 'chat_text', 'Words', 'recall_sample',
-           'copy_sample', 'fact_sample', 'make_batch', 'RouterLoads', 'row_loss', 'train_step', 'train', 'save_trained',
-           'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries',
-           'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
+           'copy_sample', 'fact_sample', 'make_batch', 'RouterLoads', 'row_loss', 'step_mode', 'train_step', 'train',
+           'save_trained', 'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy',
+           'recall_queries', 'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -158,6 +158,16 @@ def row_loss(logits:torch.Tensor, # [B, T, V] fp32
 # %% ../nbs/06a_train.ipynb #32200160
 GRAPH_WARMUP = 3   # eager steps before the capture
 
+def step_mode(device, graphs:bool|None=None, dispatch:str|None=None)->tuple:
+    "(graphs, dispatch) for a run on `device`: graphs by default on CUDA, which needs the dense dispatch; else grouped by default."
+    on_cuda = str(device).startswith("cuda")
+    graphs = on_cuda if graphs is None else graphs
+    if graphs and not on_cuda: raise ValueError(f"CUDA graphs need a CUDA device, got device {device!r}")
+    dispatch = dispatch or ("dense" if graphs else "grouped")
+    if dispatch not in DISPATCHES: raise ValueError(f"dispatch {dispatch!r} not in {DISPATCHES}")
+    if graphs and dispatch != "dense": raise ValueError(f"a CUDA graph needs the dense dispatch (static shapes), got {dispatch!r}")
+    return graphs, dispatch
+
 def train_step(model, opt, loads:RouterLoads, # the model (training mode), its optimizer, its routers' counters
                X:torch.Tensor, Y:torch.Tensor, # [B, T] the batch's inputs and targets (`make_batch`), on the model's device
                loss_per:str="row", bias_rate:float=1e-3)->tuple:
@@ -189,11 +199,7 @@ def train(steps:int=2400, # optimizer steps
     "Train the tiny configuration from its seeded initial weights on the corpus above; deterministic corpus and init."
     if loss_per not in ("row", "token"): raise ValueError(f"train: loss_per must be 'row' or 'token', got {loss_per!r}")
     on_cuda = str(device).startswith("cuda")
-    graphs = on_cuda if graphs is None else graphs
-    if graphs and not on_cuda: raise ValueError(f"train: graphs=True needs a CUDA device, got device={device!r}")
-    dispatch = dispatch or ("dense" if graphs else "grouped")
-    if dispatch not in DISPATCHES: raise ValueError(f"train: dispatch {dispatch!r} not in {DISPATCHES}")
-    if graphs and dispatch != "dense": raise ValueError(f"train: a CUDA graph needs dispatch='dense' (static shapes), got {dispatch!r}")
+    graphs, dispatch = step_mode(device, graphs, dispatch)
     torch.manual_seed(seed)
     rng, w, cfg = random.Random(seed), Words(), SolarOpen2Config.tiny()
     model = SolarOpen2ForCausalLM(cfg)
@@ -409,9 +415,8 @@ def cli_train(argv:list|None=None)->int:
     out = Path(a.out)
     if out.exists() or Path(f"{out}.json").exists(): print(f"train: {out} (or its .json) exists; refusing to overwrite", file=sys.stderr); return 2
     if a.kda_chunk < 1 or a.kda_chunk & (a.kda_chunk - 1): print(f"train: --kda-chunk must be a power of two, got {a.kda_chunk}", file=sys.stderr); return 2
-    if a.graphs and not str(a.device).startswith("cuda"): print(f"train: --graphs needs a CUDA device, got --device {a.device}", file=sys.stderr); return 2
-    if a.graphs is not False and str(a.device).startswith("cuda") and a.dispatch not in (None, "dense"):
-        print(f"train: --dispatch {a.dispatch} cannot run in a CUDA graph (pass --no-graphs, or dispatch dense)", file=sys.stderr); return 2
+    try: graphs, dispatch = step_mode(a.device, a.graphs, a.dispatch)
+    except ValueError as e: print(f"train: --device/--graphs/--dispatch: {e}", file=sys.stderr); return 2
     if a.steps < 1 or a.batch < 1 or a.seq < 128: print("train: --steps and --batch must be >= 1, --seq >= 128", file=sys.stderr); return 2
     t0 = time.perf_counter()
     mix = {"recall": a.recall_frac, "copy": a.copy_frac, "all_queries": a.all_queries, "min_pairs": a.min_pairs}
@@ -424,14 +429,14 @@ def cli_train(argv:list|None=None)->int:
     try: make_batch(Words(), random.Random(0), 1, a.seq, **mix)
     except ValueError as e: print(f"train: {e}", file=sys.stderr); return 2
     model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk,
-                        loss_per=a.loss_per, probe_every=a.probe_every, graphs=a.graphs, dispatch=a.dispatch)
+                        loss_per=a.loss_per, probe_every=a.probe_every, graphs=graphs, dispatch=dispatch)
     train_s = time.perf_counter() - t0
     ev = {"facts": facts_accuracy(model), "recall": recall_accuracy(model), "copy": copy_accuracy(model)}
     print(json.dumps(ev))
     dev = torch.cuda.get_device_name() if str(a.device).startswith("cuda") else platform.processor() or "cpu"
     meta = {"command": " ".join(["python -m solar_open2.train", *(argv if argv is not None else sys.argv[1:])]),
             "device": dev, "torch": torch.__version__, "steps": hist[-1]["step"], "max_steps": a.steps, "budget_s": a.budget_s, "batch": a.batch, "seq": a.seq, "lr": a.lr,
-            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "loss_per": a.loss_per, "step_mode": hist[-1].get("mode"), "dispatch": a.dispatch, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
+            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "loss_per": a.loss_per, "step_mode": hist[-1].get("mode"), "dispatch": dispatch, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
     sha = save_trained(model, out, meta)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha}) after {train_s:.0f} s")
     return 0

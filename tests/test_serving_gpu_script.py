@@ -115,3 +115,24 @@ def test_checks_script_refuses_timed_jobs_together_and_unknown_jobs(tmp_path):
     assert r.returncode == 2 and "new-rank times decode steps" in r.stderr
     r = subprocess.run(["bash", str(sh), "parity", "nope"], capture_output=True, text=True, env={**env, "TOGETHER": "0"})
     assert r.returncode == 2 and "unknown job 'nope'" in r.stderr and not list(tmp_path.iterdir())
+
+
+def test_checks_script_tail_and_slice_jobs_run_the_parity_script_as_documented(tmp_path):
+    "checks.sh tail: the long float32 parity twice (TF32, then IEEE fp32 dots); slice: the parity on a 2-layer real-shapes slice."
+    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
+    log = tmp_path / "calls.txt"
+    fake = site / "bin" / "python3"                                             # checks.sh puts $SITE/bin first on PATH
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
+                    f"echo \"F32=${{TRITON_F32_DEFAULT:-unset}} $*\" >> '{log}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "77"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "tail", "slice"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 3, calls
+    for line, prec in zip(calls[:2], ("tf32", "ieee")):
+        assert line.startswith(f"F32={prec} -m benchmarks.engine.parity --long --cases bf16:eager:float32 "), line
+        assert f"--name gpu_parity_tail_{prec}_vllm_9.9.9" in line and "--deadline-s 77" in line
+    assert calls[2].startswith("F32=unset -m benchmarks.engine.parity --slice 2 ") and "gpu_parity_slice_vllm_9.9.9" in calls[2], calls[2]
+    assert "== tail-tf32: exit 0" in r.stdout and "== tail-ieee: exit 0" in r.stdout and "== slice: exit 0" in r.stdout

@@ -57,12 +57,14 @@ ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS"
        "VLLM_USE_FLASHINFER_SAMPLER": "0", "TRITON_CACHE_AUTOTUNING": "1", "PYTHONUNBUFFERED": "1"}
 
 
+def id_prompts(lengths: tuple, coeffs: tuple, lo: int, hi: int) -> list:
+    "Deterministic token-id prompts, one per length: id i is `lo + (a i^2 + b i + n) mod (hi - lo)`, (a, b) from `coeffs`."
+    return [[lo + (a * i * i + b * i + n) % (hi - lo) for i in range(n)] for n, (a, b) in zip(lengths, coeffs)]
+
+
 def prompts(vocab: int = 1024, first: int = 142) -> list:
     "Deterministic token-id prompts (no special tokens): short, one chunk, several chunks, 200 tokens."
-    out = []
-    for n, (a, b) in zip((5, 17, 64, 130, 200), ((7, 3), (13, 5), (29, 11), (31, 17), (37, 19))):
-        out.append([first + (a * i * i + b * i + n) % (vocab - first) for i in range(n)])
-    return out
+    return id_prompts((5, 17, 64, 130, 200), ((7, 3), (13, 5), (29, 11), (31, 17), (37, 19)), first, vocab)
 
 
 def text_prompts() -> list:
@@ -81,8 +83,7 @@ SLICE_LENGTHS = (5, 130, 700, 4096)   # the real-shapes slice's prompts: short, 
 def slice_prompts(vocab: int = 196608, lengths: tuple = SLICE_LENGTHS) -> list:
     "Deterministic token-id prompts for the real-shapes slice (its vocabulary, away from the special ids at either end)."
     lo = min(1000, vocab // 8)
-    return [[lo + (a * i * i + b * i + n) % (vocab - 2 * lo) for i in range(n)]
-            for n, (a, b) in zip(lengths, ((7, 3), (13, 5), (29, 11), (31, 17)))]
+    return id_prompts(lengths, ((7, 3), (13, 5), (29, 11), (31, 17)), lo, vocab - lo)
 
 
 LONG_LENGTHS = (700, 4096)   # the float32 tail: 700 tokens (where it was seen), 4K (where the limits must hold)
@@ -92,7 +93,7 @@ def long_prompts(weights: str, lengths: tuple = LONG_LENGTHS) -> list:
     """Long prompts for the tiny checkpoints: token ids (random weights, `prompts`' rule) or the tokenizer corpus
     repeated (trained weights: text the model has seen), cut to `lengths`."""
     if weights == "random":
-        return [[142 + (a * i * i + b * i + n) % (1024 - 142) for i in range(n)] for n, (a, b) in zip(lengths, ((41, 23), (43, 29)))]
+        return id_prompts(lengths, ((41, 23), (43, 29)), 142, 1024)
     from solar_open2.checkpoint import TINY_CORPUS
     from solar_open2.train import Words
     ids = Words().enc(TINY_CORPUS)

@@ -197,7 +197,7 @@ class LaunchProbe:
         m = m.unwrap() if hasattr(m, "unwrap") else m                          # a compiled or graph wrapper
         applied = getattr(m, "applied", None)
         return {"launches": dict(LAUNCHES),
-                "applied": None if applied is None else {k: (_count(v) if isinstance(v, (list, tuple)) else v) for k, v in applied.items()}}
+                "applied": None if applied is None else {k: (len(v) if isinstance(v, (list, tuple)) else v) for k, v in applied.items()}}
 
 # %% ../../nbs/08_vllm/07_model.ipynb #5e1f0102
 def engine_checks(model:nn.Module)->dict:
