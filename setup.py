@@ -30,6 +30,8 @@ extras = {
     # 0.26.0 is NVIDIA Dynamo 1.4.1's (torch==2.11.0 as 0.25.1), 0.33.0 Dynamo 1.7.0's (torch==2.14.0, Python >= 3.11)
     "vllm026": ["vllm==0.26.0", "flashinfer-python", "transformers>=5.5.3"],
     "vllm033": ["vllm==0.33.0", "flashinfer-python", "transformers>=5.16.1,<5.21"],
+    # FLA's KDA kernels with their backward, for training the tiny model on a GPU (chapter 06a_train, --kda-kernel fla)
+    "train": ["fla-core==0.5.2"],
     # what the plugin's contract tests need beside the engine (also part of dev)
     "test": ["pytest", "hypothesis", "nbdev==2.4.14", "execnb==0.1.18", "fastcore==1.13.10"],
     "dev": [

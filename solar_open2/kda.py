@@ -361,6 +361,7 @@ class KDALayer(nn.Module):
         self.gate_lower_bound = cfg.kda_gate_lower_bound   # None: the released gate
         self.core = "auto"   # "auto": chunked for T > 1, recurrent for single-token decode; or "chunked" / "recurrent"
         self.autograd_chunk_size = 8   # the chunked core's chunk when training (`kda_chunked_autograd`)
+        self.autograd_core = None      # training: a function with `kda_chunked_autograd`'s signature in its place (chapter `train`)
         self.reset_gate_parameters()
         self._register_load_state_dict_pre_hook(self._accept_flat_A_log)
 
@@ -409,6 +410,7 @@ def _kda_forward(self:KDALayer, x:torch.Tensor, # [B, T, hidden] the normed laye
     core = {"auto": kda_recurrent if T == 1 else kda_chunked,
             "recurrent": kda_recurrent, "chunked": kda_chunked}[self.core]
     kw = {"autograd_chunk_size": self.autograd_chunk_size} if core is kda_chunked else {}
+    if self.autograd_core is not None and T > 1 and torch.is_grad_enabled(): core, kw = self.autograd_core, {}   # training
     o, S = core(l2norm(q), l2norm(k), v, g, beta, scale=D ** -0.5,
                 initial_state=state.recurrent, output_final_state=True, **kw)  # o [B, T, H, D] in v's dtype
     o = self.o_norm(o, self._gate_logits(x).view(B, T, H, D))                 # [B, T, H, D]

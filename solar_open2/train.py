@@ -19,10 +19,11 @@ from .moe import DISPATCHES, SolarMoE, SolarRouter
 from .kda import KDALayer
 
 # %% auto #0
-__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'TRAPS', 'chat_text', 'Words', 'recall_sample',
-           'copy_sample', 'fact_sample', 'make_batch', 'RouterLoads', 'row_loss', 'step_mode', 'train_step', 'train',
-           'save_trained', 'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy',
-           'recall_queries', 'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
+__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'KDA_KERNELS', 'TRAPS', 'chat_text', 'Words',
+           'recall_sample', 'copy_sample', 'fact_sample', 'make_batch', 'RouterLoads', 'row_loss', 'step_mode',
+           'train_step', 'fla_chunk_kda', 'fla_kda_core', 'train', 'save_trained', 'encode_pair', 'facts_pairs',
+           'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries', 'copy_prompts', 'copy_accuracy',
+           'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -180,6 +181,29 @@ def train_step(model, opt, loads:RouterLoads, # the model (training mode), its o
     opt.step()
     return loss.detach(), gn, loads.balance(bias_rate)
 
+# %% ../nbs/06a_train.ipynb #7f1a0002
+KDA_KERNELS = ("torch", "fla")   # the training core of the KDA layers: `kda_chunked_autograd`, or FLA's `chunk_kda`
+
+def fla_chunk_kda():
+    "FLA's `chunk_kda`, imported on first use, or an ImportError that says how to install it."
+    try: from fla.ops.kda import chunk_kda
+    except ImportError as e:
+        raise ImportError("kda_kernel 'fla' needs FLA's kernels: pip install fla-core (on the GPU machine: "
+                          "scripts/device/prepare.sh fla, then TRAIN_ARGS='--kda-kernel fla' in train_tiny.sh)") from e
+    return chunk_kda
+
+def fla_kda_core(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, # [B, T, H, K|V] (q, k L2-normalised already)
+                 g:torch.Tensor, beta:torch.Tensor, # [B, T, H, K] activated log-decay, [B, T, H] doubled beta
+                 scale:float|None=None, initial_state:torch.Tensor|None=None, # [B, H, K, V] fp32
+                 output_final_state:bool=False, **kw)->tuple: # (o [B, T, H, V] in v's dtype, final state or None)
+    "`kda_chunked_autograd`'s contract through FLA's `chunk_kda` (Triton forward and backward, CUDA only)."
+    chunk_kda = fla_chunk_kda()
+    if kw.get("use_qk_l2norm_in_kernel"): raise ValueError("fla_kda_core: q and k come L2-normalised from the layer")
+    S0 = None if initial_state is None else initial_state.float()
+    o, S = chunk_kda(q, k, v, g.to(q.dtype), beta.to(q.dtype), scale=scale, initial_state=S0,
+                     output_final_state=output_final_state)                 # o [B, T, H, V]
+    return o.to(v.dtype), S
+
 # %% ../nbs/06a_train.ipynb #77629cee
 def train(steps:int=2400, # optimizer steps
           batch:int=32, seq:int=256, # rows and tokens per row
@@ -188,6 +212,7 @@ def train(steps:int=2400, # optimizer steps
           mix:dict|None=None, # make_batch's corpus options (recall, copy, all_queries, min_pairs)
           init:str|None=None, # start from these trained weights (a file `save_trained` wrote) instead of the seeded ones
           kda_chunk:int=8, # KDA's chunk under autograd: time and memory grow with it; eager Python steps fall
+          kda_kernel:str="torch", # the KDA layers' training core (`KDA_KERNELS`): "torch" (`kda_chunked_autograd`) or "fla" (CUDA)
           loss_per:str="row", # "row": every row's mean target loss weighs the same; "token": every target token does
           probe_every:int=0, # every this many steps, log the recall accuracy on 8 fresh prompts (0: never)
           device:str="cuda", seed:int=0,
@@ -199,6 +224,10 @@ def train(steps:int=2400, # optimizer steps
     "Train the tiny configuration from its seeded initial weights on the corpus above; deterministic corpus and init."
     if loss_per not in ("row", "token"): raise ValueError(f"train: loss_per must be 'row' or 'token', got {loss_per!r}")
     on_cuda = str(device).startswith("cuda")
+    if kda_kernel not in KDA_KERNELS: raise ValueError(f"train: kda_kernel must be one of {KDA_KERNELS}, got {kda_kernel!r}")
+    if kda_kernel == "fla":
+        if not on_cuda: raise ValueError(f"train: kda_kernel 'fla' runs on a CUDA device, got device {device!r}")
+        fla_chunk_kda()                                                     # installed, or say how before anything is built
     graphs, dispatch = step_mode(device, graphs, dispatch)
     torch.manual_seed(seed)
     rng, w, cfg = random.Random(seed), Words(), SolarOpen2Config.tiny()
@@ -211,7 +240,7 @@ def train(steps:int=2400, # optimizer steps
             for r in model.modules():
                 if isinstance(r, SolarRouter): r.e_score_correction_bias.zero_()   # balanced by training, from zero
     for m in model.modules():
-        if isinstance(m, KDALayer): m.autograd_chunk_size = kda_chunk
+        if isinstance(m, KDALayer): m.autograd_chunk_size, m.autograd_core = kda_chunk, (fla_kda_core if kda_kernel == "fla" else None)
         if isinstance(m, SolarMoE): m.dispatch = dispatch
     model.to(device).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "conv1d" not in n]
@@ -268,6 +297,7 @@ def train(steps:int=2400, # optimizer steps
     loads.remove()
     for m in model.modules():
         if isinstance(m, SolarMoE): m.dispatch = "grouped"                   # the model as chapter `model` builds it
+        if isinstance(m, KDALayer): m.autograd_core = None
     torch.backends.cuda.matmul.allow_tf32 = tf32                            # the caller's setting back
     return model.eval(), hist
 
@@ -404,6 +434,7 @@ def cli_train(argv:list|None=None)->int:
     ap.add_argument("--all-queries", action="store_true", help="recall rows query every pair (default: 4-12 of them)")
     ap.add_argument("--min-pairs", type=int, default=8, help="least pairs in a recall row")
     ap.add_argument("--kda-chunk", type=int, default=8, help="KDA's chunk under autograd (a power of two; 32 on a GPU: fewer, larger kernels)")
+    ap.add_argument("--kda-kernel", choices=KDA_KERNELS, default="torch", help="the KDA layers' training core: torch (kda_chunked_autograd) or fla (FLA's chunk_kda, CUDA; pip install fla-core); default torch")
     ap.add_argument("--loss-per", choices=("row", "token"), default="row", help="weigh every row's mean target loss the same (row) or every target token (token); default row")
     ap.add_argument("--probe-every", type=int, default=0, help="log the recall accuracy on 8 fresh prompts every this many steps (default 0: never)")
     ap.add_argument("--init", help="continue from this trained file (written by this command; checked against its .json record)")
@@ -417,6 +448,10 @@ def cli_train(argv:list|None=None)->int:
     if a.kda_chunk < 1 or a.kda_chunk & (a.kda_chunk - 1): print(f"train: --kda-chunk must be a power of two, got {a.kda_chunk}", file=sys.stderr); return 2
     try: graphs, dispatch = step_mode(a.device, a.graphs, a.dispatch)
     except ValueError as e: print(f"train: --device/--graphs/--dispatch: {e}", file=sys.stderr); return 2
+    if a.kda_kernel == "fla":
+        if not str(a.device).startswith("cuda"): print(f"train: --kda-kernel fla runs on a CUDA device, got --device {a.device}", file=sys.stderr); return 2
+        try: fla_chunk_kda()
+        except ImportError as e: print(f"train: --kda-kernel fla: {e}", file=sys.stderr); return 2
     if a.steps < 1 or a.batch < 1 or a.seq < 128: print("train: --steps and --batch must be >= 1, --seq >= 128", file=sys.stderr); return 2
     t0 = time.perf_counter()
     mix = {"recall": a.recall_frac, "copy": a.copy_frac, "all_queries": a.all_queries, "min_pairs": a.min_pairs}
@@ -428,7 +463,7 @@ def cli_train(argv:list|None=None)->int:
         except (OSError, ValueError) as e: print(f"train: --init: {e}", file=sys.stderr); return 2
     try: make_batch(Words(), random.Random(0), 1, a.seq, **mix)
     except ValueError as e: print(f"train: {e}", file=sys.stderr); return 2
-    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk,
+    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk, kda_kernel=a.kda_kernel,
                         loss_per=a.loss_per, probe_every=a.probe_every, graphs=graphs, dispatch=dispatch)
     train_s = time.perf_counter() - t0
     ev = {"facts": facts_accuracy(model), "recall": recall_accuracy(model), "copy": copy_accuracy(model)}
@@ -436,7 +471,7 @@ def cli_train(argv:list|None=None)->int:
     dev = torch.cuda.get_device_name() if str(a.device).startswith("cuda") else platform.processor() or "cpu"
     meta = {"command": " ".join(["python -m solar_open2.train", *(argv if argv is not None else sys.argv[1:])]),
             "device": dev, "torch": torch.__version__, "steps": hist[-1]["step"], "max_steps": a.steps, "budget_s": a.budget_s, "batch": a.batch, "seq": a.seq, "lr": a.lr,
-            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "loss_per": a.loss_per, "step_mode": hist[-1].get("mode"), "dispatch": dispatch, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
+            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "kda_kernel": a.kda_kernel, "loss_per": a.loss_per, "step_mode": hist[-1].get("mode"), "dispatch": dispatch, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
     sha = save_trained(model, out, meta)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha}) after {train_s:.0f} s")
     return 0

@@ -136,3 +136,27 @@ def test_checks_script_tail_and_slice_jobs_run_the_parity_script_as_documented(t
         assert f"--name gpu_parity_tail_{prec}_vllm_9.9.9" in line and "--deadline-s 77" in line
     assert calls[2].startswith("F32=unset -m benchmarks.engine.parity --slice 2 ") and "gpu_parity_slice_vllm_9.9.9" in calls[2], calls[2]
     assert "== tail-tf32: exit 0" in r.stdout and "== tail-ieee: exit 0" in r.stdout and "== slice: exit 0" in r.stdout
+
+
+def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):
+    "train_tiny.sh: wheels staged in FLA_WHEELS are installed (no network, no deps) into FLA_SITE, which the runs import."
+    bin_ = tmp_path / "bin"; bin_.mkdir()
+    log = tmp_path / "calls.txt"
+    (bin_ / "python3").write_text("#!/usr/bin/env bash\n"
+                                  "if [ \"$1\" = -c ]; then exit 1; fi\n"                  # `import fla` fails: not installed
+                                  f"echo \"PYTHONPATH=$PYTHONPATH $*\" >> '{log}'\n")
+    (bin_ / "python3").chmod(0o755)
+    wheels = tmp_path / "wheels"; wheels.mkdir(); (wheels / "fla_core-0.5.2-py3-none-any.whl").write_bytes(b"")
+    site = tmp_path / "fla site"
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "FLA_WHEELS": str(wheels),
+           "FLA_SITE": str(site), "TRAIN_ARGS": "--kda-kernel fla", "BUDGET_S": "5"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/train_tiny.sh")], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0].endswith(f"-m pip install -q --no-deps --no-index --target {site} {wheels}/fla_core-0.5.2-py3-none-any.whl"), calls[0]
+    train = [c for c in calls if "-m solar_open2.train" in c]
+    assert len(train) == 1 and f":{site} -u -m solar_open2.train " in train[0] and "--kda-kernel fla" in train[0], train
+    empty = tmp_path / "none"; empty.mkdir(); log.unlink()
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/train_tiny.sh")], capture_output=True, text=True,
+                       env={**env, "FLA_WHEELS": str(empty)}, cwd=ROOT)
+    assert r.returncode == 0 and not any("pip install" in c for c in log.read_text().splitlines())   # nothing staged: nothing installed

@@ -7,6 +7,7 @@
 # rebuilt byte-for-byte identically.
 #
 #   bash scripts/device/prepare.sh [VERSION]     VERSION: 0.25.1 (default) or 0.26.0
+#   bash scripts/device/prepare.sh fla           FLA's wheels (fla-core, einops) into .stage-fla/, for train_tiny.sh
 #
 # Both pin torch==2.11.0, the image's. 0.33.0 pins torch==2.14.0, which the
 # image does not have and cannot download: it is refused.
@@ -30,6 +31,14 @@ WITH_FLASHINFER=${WITH_FLASHINFER:-1}
 WITH_EXTRAS=${WITH_EXTRAS:-1}
 PY=${PY:-python3}
 VLLM_VERSION=${1:-0.25.1}
+if [ "$VLLM_VERSION" = fla ]; then   # FLA's KDA kernels (forward and backward) for training the tiny model there (06a_train)
+  D="$(git rev-parse --show-toplevel)/.stage-fla"
+  mkdir -p "$D"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$D" "fla-core==${FLA_VERSION:-0.5.2}" "einops==${EINOPS_VERSION:-0.8.2}"
+  ls -l "$D"
+  echo "carry [\".stage-fla\"] and run scripts/device/train_tiny.sh with TRAIN_ARGS='--kda-kernel fla'"
+  exit 0
+fi
 case "$VLLM_VERSION" in
   0.25.1) FLASHINFER_PIN=flashinfer-python==0.6.13 ;;
   0.26.0) FLASHINFER_PIN=flashinfer-python==0.6.14 ;;   # 0.26.0 pins 0.6.14 (and apache-tvm-ffi 0.1.10, shipped for both)

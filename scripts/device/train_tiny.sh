@@ -11,6 +11,9 @@
 # WORK (default $OUT): where the runs' folders go. The device returns at most 8 files of 16 MiB from $OUT, so with
 # WORK outside $OUT only the logs, the best run's record and its weights (split into 15 MiB parts, best.safetensors.part-*)
 # land in $OUT: reassemble with `cat best.safetensors.part-* > best.safetensors` (its sha256 is in the record).
+# FLA's Triton kernels for the KDA layers (TRAIN_ARGS="--kda-kernel fla", chapter 06a_train): `bash scripts/device/prepare.sh
+# fla` stages their wheels in .stage-fla/ here; carry [".stage-fla"] and this script installs them (no network there)
+# into FLA_SITE (default /tmp/fla-site) before training, when the image has no `fla`. FLA_WHEELS names another folder.
 # Measured on the H200 (2026-12-03): one run at batch 32 takes 0.35 s a step (the GPU waits on Python); four at once
 # 0.8-1.65 s a step each; evaluating and saving take about a minute after the budget, so keep BUDGET_S at least
 # 150 s under the device call's limit.
@@ -22,6 +25,13 @@ SEQ=${SEQ:-256}
 RUNS=${RUNS:-32:2e-3:0}
 read -r -a EXTRA <<< "${TRAIN_ARGS:-}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+FLA_WHEELS=${FLA_WHEELS:-.stage-fla}
+if compgen -G "$FLA_WHEELS/*.whl" > /dev/null && ! python3 -c "import fla" 2> /dev/null; then
+  FLA_SITE=${FLA_SITE:-/tmp/fla-site}
+  python3 -m pip install -q --no-deps --no-index --target "$FLA_SITE" "$FLA_WHEELS"/*.whl
+  export PYTHONPATH="$PYTHONPATH:$FLA_SITE"
+  echo "FLA's kernels from $FLA_WHEELS installed into $FLA_SITE"
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || echo "no nvidia-smi: training on the CPU"
 WORK=${WORK:-$OUT}
 i=0; pids=()
