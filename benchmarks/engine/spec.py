@@ -117,13 +117,16 @@ def delta(a: dict, b: dict) -> dict:
 def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weights: str, kv_bytes: int = KV_BYTES,
                cudagraph_mode: str | None = None) -> dict:
     """Greedy generation of every prompt alone and as one batch, with `spec` as vLLM's speculative_config (None: off);
-    `cudagraph_mode` (graphs mode): vLLM's, e.g. PIECEWISE (default: vLLM's, FULL_AND_PIECEWISE)."""
+    `cudagraph_mode` (graphs mode): vLLM's, e.g. PIECEWISE (default: the plugin's, PIECEWISE with speculation); a full
+    mode with `spec` also sets the plugin's option `spec_full_graphs`, which keeps it."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="bfloat16", seed=0, max_model_len=1024,
               max_num_seqs=8, gpu_memory_utilization=0.08, kv_cache_memory_bytes=kv_bytes, enable_prefix_caching=False,
               disable_log_stats=False)
     if spec: kw["speculative_config"] = spec
+    if spec and cudagraph_mode and "FULL" in cudagraph_mode:                  # the plugin would make it PIECEWISE (spec_graphs_guard)
+        kw["additional_config"] = {"solar_open2": {"spec_full_graphs": True}}
     if mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64],
                                       **({"cudagraph_mode": cudagraph_mode} if cudagraph_mode else {})}
@@ -157,8 +160,8 @@ def child_main(a) -> int:
 def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: list | None = None) -> list:
     """(format, mode, name, speculative_config or None, cudagraph_mode or None) of every engine, baselines first. In
     graphs mode the plugin asks for piecewise graphs when speculation is on (`spec_graphs_guard`); the draft head also
-    runs with full graphs asked for explicitly (`eagle3_dummy_full`, and with 3 draft tokens `eagle3_k3_full`), the mode
-    that was wrong for padded batches before `zero_padding`. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
+    runs with full graphs asked for explicitly (`eagle3_dummy_full`, and with 3 draft tokens `eagle3_k3_full`, through the
+    option `spec_full_graphs`), the mode that was wrong batched in runs 1-3. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
     (and their baselines)."""
     runs = [(f, m, "base", None, None) for f in formats for m in modes]
     for f in formats:

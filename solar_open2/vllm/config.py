@@ -84,23 +84,20 @@ def refuse_speculative(vllm_config)->None:
                                   "checkpoint's own MTP layers, and Solar-Open2 checkpoints have none"))
 
 def spec_graphs_guard(vllm_config, opts)->bool:
-    """With a speculative config, the option `spec_full_graphs` off and no CUDA-graph mode asked for, ask for piecewise graphs:
-    verifies of several requests in one full graph gave wrong tokens on the H100 (vLLM 0.25.1, 2026-12-06, runs 2 and 3;
-    one request alone and piecewise graphs were right). A full-graph mode asked for explicitly is kept, with a warning.
-    Whether it changed the mode."""
+    """With a speculative config and the option `spec_full_graphs` off, run piecewise CUDA graphs: verifies of several
+    requests in one full graph gave wrong tokens on the H100 (vLLM 0.25.1, 2026-12-06, runs 2 and 3; one request alone
+    and piecewise graphs were right). vLLM's default mode and any mode with full graphs, asked for or not, become
+    PIECEWISE, with a warning that names the mode asked for; NONE and PIECEWISE stay. Whether it changed the mode."""
     cc = getattr(vllm_config, "compilation_config", None)
     if getattr(vllm_config, "speculative_config", None) is None or opts.spec_full_graphs or cc is None: return False
-    if cc.cudagraph_mode is not None:
-        if cc.cudagraph_mode.has_full_cudagraphs():
-            logging.getLogger("solar_open2").warning(f"solar_open2: speculative decoding with cudagraph_mode "
-                f"{cc.cudagraph_mode.name}: verifies of several requests in one full CUDA graph gave wrong tokens on the GPU "
-                "runs of 2026-12-06 (one request alone was right); PIECEWISE is the mode this plugin has verified")
-        return False
+    asked = cc.cudagraph_mode
+    if asked is not None and not asked.has_full_cudagraphs(): return False   # NONE or PIECEWISE: nothing full to replace
     from vllm.config import CUDAGraphMode
     cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
-    logging.getLogger("solar_open2").warning("solar_open2: speculative decoding runs with piecewise CUDA graphs (verify batches "
-        "padded for full graphs were wrong on the GPU run of 2026-12-06); --additional-config '{\"solar_open2\": "
-        "{\"spec_full_graphs\": true}}' or an explicit cudagraph_mode overrides")
+    was = "vLLM's default mode" if asked is None else f"cudagraph_mode {asked.name}"
+    logging.getLogger("solar_open2").warning(f"solar_open2: speculative decoding runs with piecewise CUDA graphs instead "
+        f"of {was}: verifies of several requests in one full CUDA graph gave wrong tokens on the GPU runs of 2026-12-06 "
+        "(one request alone was right); --additional-config '{\"solar_open2\": {\"spec_full_graphs\": true}}' keeps full graphs")
     return True
 
 class SolarOpen2ConfigHook:

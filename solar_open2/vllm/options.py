@@ -61,7 +61,7 @@ OPTIONS = (
     Option("moe_direct_out", True, ("moe_kernels",), _EMU, "vllm/moe",
            "a decode batch's MoE kernels write the layer's output in vLLM's finalize step, no workspace copy"),
     Option("spec_full_graphs", False, (), "vLLM's CUDA graphs, with a speculative config", "vllm/kda",
-           "a speculative config's uniform verify batches as full CUDA graphs; off: piecewise graphs when speculation is on and the graphs mode is not set"),
+           "a speculative config's uniform verify batches as full CUDA graphs; off: piecewise graphs whenever speculation is on (a full-graph mode asked for becomes PIECEWISE, with a warning)"),
 )
 NAMES = tuple(o.name for o in OPTIONS)
 BY_NAME = {o.name: o for o in OPTIONS}
