@@ -20,10 +20,10 @@ from .kda import KDALayer
 
 # %% auto #0
 __all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'KDA_KERNELS', 'TRAPS', 'chat_text', 'Words',
-           'recall_sample', 'copy_sample', 'fact_sample', 'make_batch', 'RouterLoads', 'row_loss', 'step_mode',
-           'train_step', 'fla_chunk_kda', 'fla_kda_core', 'train', 'save_trained', 'encode_pair', 'facts_pairs',
-           'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries', 'copy_prompts', 'copy_accuracy',
-           'trap', 'cli_train']
+           'recall_sample', 'copy_sample', 'fact_sample', 'recall_top', 'make_batch', 'RouterLoads', 'row_loss',
+           'step_mode', 'train_step', 'fla_chunk_kda', 'fla_kda_core', 'train', 'save_trained', 'encode_pair',
+           'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries', 'copy_prompts',
+           'copy_accuracy', 'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -95,15 +95,23 @@ def fact_sample(w:Words, rng:random.Random, chat_first:bool)->tuple:
     return ids, ids[1:] + [-100]
 
 # %% ../nbs/06a_train.ipynb #50226752
+def recall_top(seq:int, all_queries:bool)->int:
+    "The most recall pairs a row of `seq` tokens holds with its queries (at most 40)."
+    return min(40, (seq - 8) // 6) if all_queries else min(40, (seq - 30) // 4)
+
 def make_batch(w:Words, rng:random.Random, batch:int, seq:int,
                recall:float=0.4, copy:float=0.15, # fractions of the rows (the rest: facts, 40 % of them chat-first)
                all_queries:bool=False, # recall rows query every pair (else 4-12 of them)
                min_pairs:int=8, # recall rows hold min_pairs..40 pairs (as many as fit)
+               max_pairs:int|None=None, # and at most this many (None: as many as fit)
               )->tuple:
     "(ids [batch, seq] int64, targets [batch, seq] int64, -100 = no loss)."
     X = torch.full((batch, seq), w.eos, dtype=torch.long); Y = torch.full((batch, seq), -100, dtype=torch.long)
-    top = min(40, (seq - 8) // 6) if all_queries else min(40, (seq - 30) // 4)   # pairs that fit with their queries
+    top = recall_top(seq, all_queries)                                       # pairs that fit with their queries
     if top < min_pairs: raise ValueError(f"make_batch: seq {seq} holds {top} recall pairs, fewer than min_pairs {min_pairs}")
+    if max_pairs is not None:
+        if max_pairs < min_pairs: raise ValueError(f"make_batch: max_pairs {max_pairs} < min_pairs {min_pairs}")
+        top = min(top, max_pairs)
     for b in range(batch):
         r = rng.random()
         if r < recall:
@@ -210,6 +218,7 @@ def train(steps:int=2400, # optimizer steps
           lr:float=2e-3, warmup:int=100, weight_decay:float=0.05,
           bias_rate:float=1e-3, # the routers' bias step (DeepSeek-V3's gamma)
           mix:dict|None=None, # make_batch's corpus options (recall, copy, all_queries, min_pairs)
+          pairs_ramp:float=0.0, # recall rows' most pairs grow from min_pairs to all that fit over this fraction of the schedule (0: off)
           init:str|None=None, # start from these trained weights (a file `save_trained` wrote) instead of the seeded ones
           kda_chunk:int=8, # KDA's chunk under autograd: time and memory grow with it; eager Python steps fall
           kda_kernel:str="torch", # the KDA layers' training core (`KDA_KERNELS`): "torch" (`kda_chunked_autograd`) or "fla" (CUDA)
@@ -224,6 +233,10 @@ def train(steps:int=2400, # optimizer steps
     "Train the tiny configuration from its seeded initial weights on the corpus above; deterministic corpus and init."
     if loss_per not in ("row", "token"): raise ValueError(f"train: loss_per must be 'row' or 'token', got {loss_per!r}")
     on_cuda = str(device).startswith("cuda")
+    if not 0.0 <= pairs_ramp <= 1.0: raise ValueError(f"train: pairs_ramp must be in [0, 1], got {pairs_ramp}")
+    mix = dict(mix or {})
+    lo, hi = mix.get("min_pairs", 8), recall_top(seq, mix.get("all_queries", False))
+    mix_at = lambda p: mix if not pairs_ramp else {**mix, "max_pairs": min(hi, lo + round((hi - lo) * p / pairs_ramp))}
     if kda_kernel not in KDA_KERNELS: raise ValueError(f"train: kda_kernel must be one of {KDA_KERNELS}, got {kda_kernel!r}")
     if kda_kernel == "fla":
         if not on_cuda: raise ValueError(f"train: kda_kernel 'fla' runs on a CUDA device, got device {device!r}")
@@ -266,7 +279,7 @@ def train(steps:int=2400, # optimizer steps
             for grp in opt.param_groups:
                 if graphs: grp["lr"].fill_(lr_at(step, p))
                 else: grp["lr"] = lr_at(step, p)
-            X, Y = make_batch(w, rng, batch, seq, **(mix or {}))
+            X, Y = make_batch(w, rng, batch, seq, **mix_at(p))
             if on_cuda: X, Y = X.pin_memory(), Y.pin_memory()               # copied while the last step runs
             Xs.copy_(X, non_blocking=True); Ys.copy_(Y, non_blocking=True)
             if graph is not None: graph.replay(); out = static
@@ -289,7 +302,8 @@ def train(steps:int=2400, # optimizer steps
             if step % log_every == 0 or last:
                 hist.append({"step": step, "loss": round(run_loss.item(), 4), "grad_norm": round(gn.item(), 3),
                              "max_load": round(imb.item(), 2), "lr": round(lr_at(step, p), 6),
-                             "s": round(time.perf_counter() - t0, 1), "mode": mode})
+                             "s": round(time.perf_counter() - t0, 1), "mode": mode,
+                             **({"max_pairs": mix_at(p)["max_pairs"]} if pairs_ramp else {})})
                 if probe_every and (step % probe_every == 0 or last):
                     model.eval(); hist[-1]["recall"] = round(recall_accuracy(model, w, n=8)["accuracy"], 3); model.train()
                 log(json.dumps(hist[-1]))
@@ -433,6 +447,7 @@ def cli_train(argv:list|None=None)->int:
     ap.add_argument("--copy-frac", type=float, default=0.15, help="fraction of rows that are copy tasks (the rest: facts)")
     ap.add_argument("--all-queries", action="store_true", help="recall rows query every pair (default: 4-12 of them)")
     ap.add_argument("--min-pairs", type=int, default=8, help="least pairs in a recall row")
+    ap.add_argument("--pairs-ramp", type=float, default=0.0, help="the most pairs in a recall row grow from --min-pairs to all that fit over this fraction of the schedule (default 0: all from the start)")
     ap.add_argument("--kda-chunk", type=int, default=8, help="KDA's chunk under autograd (a power of two; 32 on a GPU: fewer, larger kernels)")
     ap.add_argument("--kda-kernel", choices=KDA_KERNELS, default="torch", help="the KDA layers' training core: torch (kda_chunked_autograd) or fla (FLA's chunk_kda, CUDA; pip install fla-core); default torch")
     ap.add_argument("--loss-per", choices=("row", "token"), default="row", help="weigh every row's mean target loss the same (row) or every target token (token); default row")
@@ -455,6 +470,7 @@ def cli_train(argv:list|None=None)->int:
     if a.steps < 1 or a.batch < 1 or a.seq < 128: print("train: --steps and --batch must be >= 1, --seq >= 128", file=sys.stderr); return 2
     t0 = time.perf_counter()
     mix = {"recall": a.recall_frac, "copy": a.copy_frac, "all_queries": a.all_queries, "min_pairs": a.min_pairs}
+    if not 0 <= a.pairs_ramp <= 1: print(f"train: --pairs-ramp must be in [0, 1], got {a.pairs_ramp}", file=sys.stderr); return 2
     if not (0 <= a.recall_frac and 0 <= a.copy_frac and a.recall_frac + a.copy_frac <= 1):
         print("train: --recall-frac and --copy-frac must be >= 0 and sum to at most 1", file=sys.stderr); return 2
     init = None
@@ -463,7 +479,7 @@ def cli_train(argv:list|None=None)->int:
         except (OSError, ValueError) as e: print(f"train: --init: {e}", file=sys.stderr); return 2
     try: make_batch(Words(), random.Random(0), 1, a.seq, **mix)
     except ValueError as e: print(f"train: {e}", file=sys.stderr); return 2
-    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk, kda_kernel=a.kda_kernel,
+    model, hist = train(a.steps, a.batch, a.seq, a.lr, device=a.device, seed=a.seed, budget_s=a.budget_s, mix=mix, init=init, kda_chunk=a.kda_chunk, kda_kernel=a.kda_kernel, pairs_ramp=a.pairs_ramp,
                         loss_per=a.loss_per, probe_every=a.probe_every, graphs=graphs, dispatch=dispatch)
     train_s = time.perf_counter() - t0
     ev = {"facts": facts_accuracy(model), "recall": recall_accuracy(model), "copy": copy_accuracy(model)}
@@ -471,7 +487,7 @@ def cli_train(argv:list|None=None)->int:
     dev = torch.cuda.get_device_name() if str(a.device).startswith("cuda") else platform.processor() or "cpu"
     meta = {"command": " ".join(["python -m solar_open2.train", *(argv if argv is not None else sys.argv[1:])]),
             "device": dev, "torch": torch.__version__, "steps": hist[-1]["step"], "max_steps": a.steps, "budget_s": a.budget_s, "batch": a.batch, "seq": a.seq, "lr": a.lr,
-            "seed": a.seed, "mix": mix, "kda_chunk": a.kda_chunk, "kda_kernel": a.kda_kernel, "loss_per": a.loss_per, "step_mode": hist[-1].get("mode"), "dispatch": dispatch, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
+            "seed": a.seed, "mix": mix, "pairs_ramp": a.pairs_ramp, "kda_chunk": a.kda_chunk, "kda_kernel": a.kda_kernel, "loss_per": a.loss_per, "step_mode": hist[-1].get("mode"), "dispatch": dispatch, "init": (None if not a.init else {"file": a.init, "sha256": trained_file(a.init)[1]}), "train_s": round(train_s, 1), "eval_on_device": ev, "log": hist}
     sha = save_trained(model, out, meta)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, sha256 {sha}) after {train_s:.0f} s")
     return 0
