@@ -75,6 +75,7 @@ def run_notebook(path, force_flags=(), skip_flags=None, on_cell=None) -> dict:
     def post(cell): cells[-1]["seconds"] = round(time.perf_counter() - t["start"], 3)
 
     start, cpu0 = time.perf_counter(), _cpu()
+    fresh_torch_state()
     shell = CaptureShell(path)
     try:
         with working_directory(path.parent): shell.run_all(nb, exc_stop=True, preproc=pre, postproc=post)
@@ -87,6 +88,16 @@ def run_notebook(path, force_flags=(), skip_flags=None, on_cell=None) -> dict:
         if isinstance(e, KeyboardInterrupt): raise
     res["seconds"], res["cpu_seconds"] = round(time.perf_counter() - start, 3), round(_cpu() - cpu0, 3)
     return res
+
+
+def fresh_torch_state():
+    """Torch's process-wide switches back at their defaults before a notebook runs, as `nbdev_test` starts each notebook
+    in a process of its own: a notebook that turns gradients off for its inference cells (`torch.set_grad_enabled(False)`)
+    must not turn them off for the next notebook this worker runs."""
+    torch = sys.modules.get("torch")
+    if torch is None: return
+    torch.set_grad_enabled(True)
+    torch.set_default_dtype(torch.float32)
 
 
 def _cpu() -> float:
