@@ -21,9 +21,9 @@ from .kda import KDALayer
 # %% auto #0
 __all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'KDA_KERNELS', 'TRAPS', 'chat_text', 'Words',
            'recall_sample', 'copy_sample', 'fact_sample', 'recall_top', 'make_batch', 'RouterLoads', 'row_loss',
-           'step_mode', 'train_step', 'fla_chunk_kda', 'fla_kda_core', 'train', 'save_trained', 'encode_pair',
-           'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries', 'copy_prompts',
-           'copy_accuracy', 'trap', 'cli_train']
+           'step_mode', 'train_step', 'fla_chunk_kda', 'kda_kernel_problem', 'fla_kda_core', 'train', 'save_trained',
+           'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries',
+           'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -200,6 +200,15 @@ def fla_chunk_kda():
                           "scripts/device/prepare.sh fla, then TRAIN_ARGS='--kda-kernel fla' in train_tiny.sh)") from e
     return chunk_kda
 
+def kda_kernel_problem(kernel:str, device)->str|None:
+    "Why the KDA training core `kernel` cannot run on `device` (unknown, FLA on a CPU, FLA not installed), or None."
+    if kernel not in KDA_KERNELS: return f"kda_kernel must be one of {KDA_KERNELS}, got {kernel!r}"
+    if kernel != "fla": return None
+    if not str(device).startswith("cuda"): return f"kda_kernel 'fla' runs on a CUDA device, got device {device!r}"
+    try: fla_chunk_kda()
+    except ImportError as e: return str(e)
+    return None
+
 def fla_kda_core(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, # [B, T, H, K|V] (q, k L2-normalised already)
                  g:torch.Tensor, beta:torch.Tensor, # [B, T, H, K] activated log-decay, [B, T, H] doubled beta
                  scale:float|None=None, initial_state:torch.Tensor|None=None, # [B, H, K, V] fp32
@@ -237,10 +246,7 @@ def train(steps:int=2400, # optimizer steps
     mix = dict(mix or {})
     lo, hi = mix.get("min_pairs", 8), recall_top(seq, mix.get("all_queries", False))
     mix_at = lambda p: mix if not pairs_ramp else {**mix, "max_pairs": min(hi, lo + round((hi - lo) * p / pairs_ramp))}
-    if kda_kernel not in KDA_KERNELS: raise ValueError(f"train: kda_kernel must be one of {KDA_KERNELS}, got {kda_kernel!r}")
-    if kda_kernel == "fla":
-        if not on_cuda: raise ValueError(f"train: kda_kernel 'fla' runs on a CUDA device, got device {device!r}")
-        fla_chunk_kda()                                                     # installed, or say how before anything is built
+    if (why := kda_kernel_problem(kda_kernel, device)): raise ValueError(f"train: {why}")   # before anything is built
     graphs, dispatch = step_mode(device, graphs, dispatch)
     torch.manual_seed(seed)
     rng, w, cfg = random.Random(seed), Words(), SolarOpen2Config.tiny()
@@ -463,10 +469,7 @@ def cli_train(argv:list|None=None)->int:
     if a.kda_chunk < 1 or a.kda_chunk & (a.kda_chunk - 1): print(f"train: --kda-chunk must be a power of two, got {a.kda_chunk}", file=sys.stderr); return 2
     try: graphs, dispatch = step_mode(a.device, a.graphs, a.dispatch)
     except ValueError as e: print(f"train: --device/--graphs/--dispatch: {e}", file=sys.stderr); return 2
-    if a.kda_kernel == "fla":
-        if not str(a.device).startswith("cuda"): print(f"train: --kda-kernel fla runs on a CUDA device, got --device {a.device}", file=sys.stderr); return 2
-        try: fla_chunk_kda()
-        except ImportError as e: print(f"train: --kda-kernel fla: {e}", file=sys.stderr); return 2
+    if (why := kda_kernel_problem(a.kda_kernel, a.device)): print(f"train: --kda-kernel/--device: {why}", file=sys.stderr); return 2
     if a.steps < 1 or a.batch < 1 or a.seq < 128: print("train: --steps and --batch must be >= 1, --seq >= 128", file=sys.stderr); return 2
     t0 = time.perf_counter()
     mix = {"recall": a.recall_frac, "copy": a.copy_frac, "all_queries": a.all_queries, "min_pairs": a.min_pairs}
