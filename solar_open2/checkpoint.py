@@ -551,7 +551,7 @@ TINY_VARIANTS = ("tiny", "real-metadata")   # today's fixtures, or metadata as t
 TINY_WEIGHTS = ("random", "trained")   # the seeded initial weights, or those chapter `train` trained from them
 # the trained weights: the compressed-tensors tensors of the tiny checkpoint, written by `train.save_trained`
 TINY_TRAINED_FILE = Path(nvfp4.__file__).parent/"data"/"tiny_trained.safetensors"   # in the package
-TINY_TRAINED_SHA256 = "41a501d26d6c6ebb051a17f5ee438a62cdc6817a9c32abc45d1dfeed929158ff"
+TINY_TRAINED_SHA256 = "08e7619c5fd4182ee627cea98db638ecf2c4e882ba0d8ee687fd4a9b1d319bac"
 
 def _init_tensor(s:TensorSpec, g:torch.Generator, cfg:SolarOpen2Config)->torch.Tensor:
     "One fp32 tensor of the tiny checkpoint (table above), on `g`'s device."

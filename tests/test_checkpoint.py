@@ -316,6 +316,26 @@ def test_trained_tiny_checkpoint_in_every_format_is_one_model(tmp_path):
     assert torch.allclose(logits["bf16"], logits["compressed-tensors"], atol=2e-2, rtol=2e-2)   # experts in bf16, not re-quantized
 
 
+# The built-in checkpoint's weight shards, built from the committed weights (`make run` loads the first): their
+# sha256 over (name, bytes) in name order. A change in the weights, the NVFP4 codec, the tensor layout or the sharding
+# changes them: update these only with the change that explains it.
+TRAINED_TREE_SHA256 = {
+    "compressed-tensors": "2ab1d3650b7515b9e8ce1ddedb6e15e7e576df026ee8f9b6972f52c448f4ec81",
+    "modelopt": "f6ef89e64161a27ee0c2b4ef2e20ca45acee9c420e7b8c4d56d95b9a2e1e2c3d",
+    "bf16": "06c319eeeec5de755dea3e64ecd4e5f5414e9a3d303f937a5a4a6922dd97946f",
+}
+
+
+def test_trained_tiny_checkpoint_shards_are_pinned(tmp_path):
+    from solar_open2.checkpoint import TINY_FORMATS, make_tiny
+    assert set(TRAINED_TREE_SHA256) == set(TINY_FORMATS)
+    for f in TINY_FORMATS:
+        d = make_tiny(tmp_path / f, f, weights="trained")
+        h = hashlib.sha256()
+        for sh in sorted(d.glob("*.safetensors")): h.update(sh.name.encode()); h.update(sh.read_bytes())
+        assert h.hexdigest() == TRAINED_TREE_SHA256[f], f"{f}: the built-in checkpoint's shards changed"
+
+
 def test_trained_tiny_refuses_a_damaged_file(tmp_path, monkeypatch):
     import pytest
     from solar_open2 import checkpoint
