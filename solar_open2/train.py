@@ -19,11 +19,11 @@ from .moe import DISPATCHES, SolarMoE, SolarRouter
 from .kda import KDALayer
 
 # %% auto #0
-__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'KDA_KERNELS', 'TRAPS', 'chat_text', 'Words',
-           'recall_sample', 'copy_sample', 'fact_sample', 'recall_top', 'make_batch', 'RouterLoads', 'row_loss',
-           'step_mode', 'train_step', 'fla_chunk_kda', 'kda_kernel_problem', 'fla_kda_core', 'train', 'save_trained',
-           'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries',
-           'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
+__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'KDA_KERNELS', 'TRAPS', 'BEHAVIOUR_FLOORS', 'TRAP_CAUGHT',
+           'chat_text', 'Words', 'recall_sample', 'copy_sample', 'fact_sample', 'recall_top', 'make_batch',
+           'RouterLoads', 'row_loss', 'step_mode', 'train_step', 'fla_chunk_kda', 'kda_kernel_problem', 'fla_kda_core',
+           'train', 'save_trained', 'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy',
+           'recall_queries', 'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -418,6 +418,9 @@ from .attention import GatedAttention
 from .kda import KDALayer, kda_gate
 
 TRAPS = ("beta_not_doubled", "gate_twice", "no_gqa_gate", "no_shared_expert")
+BEHAVIOUR_FLOORS = {"raw": 0.95, "chat": 0.95, "recall": 0.95, "copy": 0.9}   # what the committed weights must clear
+TRAP_CAUGHT = {"beta_not_doubled": {"copy": 0.1}, "gate_twice": {"recall": 0.5, "copy": 0.5},   # per trap: behaviour -> how far
+               "no_gqa_gate": {"copy": 0.5}, "no_shared_expert": {"copy": 0.5}}               # under its floor it must fall
 
 @contextmanager
 def trap(model, name:str):

@@ -145,3 +145,32 @@ def test_long_prompts_for_the_float32_tail():
         assert [len(p) for p in ps] == [700, 4096] and gp.prompts_for(w, long=True) == ps
         assert all(0 <= t < 1024 for p in ps for t in p)
     assert all(142 <= t for p in gp.long_prompts("random") for t in p)
+
+
+def test_traps_through_the_engine_are_judged_by_the_chapters_margins():
+    "--traps: each trap must take its behaviours train.TRAP_CAUGHT's margins under the floors; one that does not, or is missing or unplanted, fails."
+    from solar_open2.train import TRAP_CAUGHT
+    from solar_open2.vllm.model import PLANTABLE_TRAPS
+    assert set(PLANTABLE_TRAPS) == set(TRAP_CAUGHT)
+    low = {"facts": 1.0, "recall": 0.1, "copy": 0.0}                    # what the reference measures with gate_twice
+    caught = {n: {"layers": [6], "scores": dict(low)} for n in TRAP_CAUGHT}
+    assert gp.judge_traps("ct:eager:bfloat16", caught) == []
+    beta_missed = {**caught, "beta_not_doubled": {"layers": [6], "scores": {"facts": 1.0, "recall": 1.0, "copy": 0.85}}}
+    f = gp.judge_traps("ct:eager:bfloat16", beta_missed)                # copy 0.85 is not 0.1 under the floor 0.9
+    assert len(f) == 1 and "trap beta_not_doubled: copy 0.850" in f[0], f
+    f = gp.judge_traps("c", {**caught, "gate_twice": {"layers": [6], "scores": {"facts": 1.0, "recall": 0.6, "copy": 0.0}}})
+    assert len(f) == 1 and "gate_twice: recall 0.600" in f[0], f
+    assert gp.judge_traps("c", {n: t for n, t in caught.items() if n != "no_gqa_gate"}) == ["c: trap no_gqa_gate not run"]
+    assert "planted in no layer" in gp.judge_traps("c", {**caught, "no_shared_expert": {"layers": [0], "scores": low}})[0]
+    a = argparse.Namespace(logprob_tol=0.1, logprob_mean_tol=0.05, noise_factor=2.0, min_recall=0.95, min_facts=0.95, behaviour_drop=0.03)
+    cmp = {"mismatches": [], "near_ties": [], "max_abs_dlogprob": 0.0, "mean_abs_dlogprob": 0.0}
+    run = {"single": [cmp], "batched": [cmp], "behaviour_traps": beta_missed}
+    assert [x for x in gp.judge_run("ct:eager:float32", run, a)] == gp.judge_traps("ct:eager:float32", beta_missed)
+
+
+def test_behaviour_scores_count_whole_answers():
+    t = gp.behaviour_tasks()
+    right = {k: [x for _, x in v] for k, v in t.items()}
+    assert gp.behaviour_scores(right) == {"facts": 1.0, "recall": 1.0, "copy": 1.0}
+    off = {**right, "copy": [x[:-1] + [0] for x in right["copy"][:4]] + right["copy"][4:]}   # four copies lose their end
+    assert gp.behaviour_scores(off)["copy"] == 12 / 16

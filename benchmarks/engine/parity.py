@@ -1,7 +1,7 @@
 """GPU parity of the vLLM plugin against the reference model, on the tiny checkpoints.
 
     python -m benchmarks.engine.parity [--cases FORMAT:MODE:DTYPE ...] [--tokens 64] [--noise-factor 2]
-                                       [--weights trained|random|FILE] [--min-recall 0.95]
+                                       [--weights trained|random|FILE] [--min-recall 0.95] [--traps]
                                        [--out DIR] [--name gpu_parity] [--workdir DIR] [--deadline-s 560]
 
 For each tiny checkpoint (`solar_open2.checkpoint.make_tiny`: Nota's NVFP4 compressed-tensors layout and its BF16
@@ -21,6 +21,11 @@ checkpoint and compares:
   the 40 capitals in the chat template, 256 recall queries after 32 key-value pairs (each key 40+ tokens back, beyond
   one KDA chunk), 16 copies of 40 words. Gates: recall >= --min-recall (0.95), facts >= --min-facts (0.95), no task
   more than --behaviour-drop (0.03) below the fp32 reference's teacher-forced score (copying is otherwise only reported).
+  With `--traps` each eager engine answers them again with each of the reference's traps planted in its workers
+  (`solar_open2.vllm.model.plant_trap`: beta not doubled, the decay gate twice, no GQA output gate, no shared expert;
+  chapter `train`'s negative controls): every trap must take its behaviours the margins of `train.TRAP_CAUGHT` below
+  `train.BEHAVIOUR_FLOORS`, as it does in the reference, or the run fails (graphs cases skip it: a captured graph
+  replays what it captured).
 
 With `--slice N` the checkpoint is a real-shapes slice instead (`solar_open2.checkpoint.make_slice`: the real config's
 first N layers, random weights, Nota's NVFP4 layout, drawn on the GPU at run time), so the plugin's kernels run at
@@ -143,7 +148,7 @@ def entry_point_shim(root: Path) -> Path:
 def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
              moe_backend: str = "auto", gemv_probe: bool = False, gpu_memory_utilization: float = 0.3,
              kv_cache_memory_bytes: int | None = None, weights: str = "random", behaviour: bool = False,
-             slice_layers: int = 0, long: bool = False) -> dict:
+             slice_layers: int = 0, long: bool = False, traps: bool = False) -> dict:
     """Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs, and from
     every worker which of the plugin's kernels the model was given and which launched (`LaunchProbe`).
     A fixed `kv_cache_memory_bytes` skips vLLM's memory profiling, which other engines on the same GPU would upset."""
@@ -179,16 +184,27 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
     single = [gen([p])[0] for p in ps]
     t_single = time.perf_counter() - t
     batched = gen(ps)
-    beh = {}
-    if behaviour:                                            # each task's prompts in one call, greedy, as long as the answers
+    def tasks_out() -> dict:                                 # each task's prompts in one call, greedy, as long as the answers
+        out = {}
         for task, items in behaviour_tasks().items():
             sps = [SamplingParams(temperature=0.0, max_tokens=len(a), ignore_eos=True, detokenize=False) for _, a in items]
             outs = llm.generate([{"prompt_token_ids": p} for p, _ in items], sps, use_tqdm=False)
-            beh[task] = [list(o.outputs[0].token_ids) for o in outs]
+            out[task] = [list(o.outputs[0].token_ids) for o in outs]
+        return out
+
+    beh = tasks_out() if behaviour else {}
+    beh_traps = {}
+    if behaviour and traps and mode == "eager":              # the negative controls, planted in every worker in turn
+        from solar_open2.vllm.model import PLANTABLE_TRAPS
+        for name in PLANTABLE_TRAPS:
+            layers = llm.collective_rpc("solar_trap", args=(name,))
+            beh_traps[name] = {"layers": layers, "outputs": tasks_out()}
+        llm.collective_rpc("solar_trap", args=(None,))
     try: launches = llm.collective_rpc("solar_launches")                     # per worker: apply's record and the launch counts
     except Exception as e: launches = f"{type(e).__name__}: {e}"
     cfg = llm.llm_engine.vllm_config
     return {"init_s": round(t_init, 1), "single_s": round(t_single, 2), "single": single, "batched": batched, "dtype": dtype, "behaviour": beh,
+            "behaviour_traps": beh_traps,
             "launches": launches, "max_model_len": max_len,
             "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
             "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config,
@@ -253,7 +269,8 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 
 def child_main(a) -> int:
     res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe,
-                   a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random" and not a.slice, a.slice, a.long)
+                   a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random" and not a.slice, a.slice, a.long,
+                   a.traps)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -301,6 +318,28 @@ def judge_behaviour(case: str, beh: dict, ref: dict, a) -> list:
     return fails
 
 
+def behaviour_scores(outputs: dict) -> dict:
+    "Each behaviour task's score from an engine's greedy outputs: the fraction of answers it printed whole."
+    tasks = behaviour_tasks()
+    return {t: sum(g[:len(x)] == x for g, (_, x) in zip(outputs[t], tasks[t])) / len(tasks[t]) for t in tasks}
+
+
+def judge_traps(case: str, traps: dict) -> list:
+    """Failure lines for the negative controls through vLLM (`--traps`): each trap's behaviour scores must fall the
+    margins of `train.TRAP_CAUGHT` below `train.BEHAVIOUR_FLOORS` (the facts task is the chat template's); a trap
+    that touched no layer in some worker failed to plant."""
+    from solar_open2.train import BEHAVIOUR_FLOORS, TRAP_CAUGHT
+    floors = {**BEHAVIOUR_FLOORS, "facts": BEHAVIOUR_FLOORS["chat"]}
+    fails = [f"{case}: trap {n} not run" for n in TRAP_CAUGHT if n not in traps]
+    for name, t in traps.items():
+        if not t.get("layers") or not all(t["layers"]): fails.append(f"{case}: trap {name} planted in no layer of some worker ({t.get('layers')})")
+        for task, margin in TRAP_CAUGHT.get(name, {}).items():
+            if t["scores"][task] > floors[task] - margin:
+                fails.append(f"{case}: trap {name}: {task} {t['scores'][task]:.3f}, not {margin} under its floor {floors[task]}: "
+                             "the engine with the trap behaves too well to tell it from the right model")
+    return fails
+
+
 def judge_launches(key: str, launches) -> list:
     """Failure lines for the workers' `LaunchProbe` records: a kernel the model was given that never launched
     (`solar_open2.vllm.model.launch_problems`), or no record (the probe failed). Absent in reports from before it."""
@@ -316,6 +355,7 @@ def judge_run(key: str, r: dict, a) -> list:
         dtype = key.split(":")[2]
         fails = judge(key, dtype, r["single"], a) + judge(key + " (batched)", dtype, r["batched"], a)
         if r.get("behaviour"): fails += judge_behaviour(key, r["behaviour"], r["behaviour_reference"], a)
+        if r.get("behaviour_traps"): fails += judge_traps(key, r["behaviour_traps"])
         if r.get("launches") is not None: fails += judge_launches(key, r["launches"])
         return fails
     same = r.get("same_tokens", [])
@@ -356,6 +396,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--min-recall", type=float, default=0.95, help="trained weights: least recall accuracy through vLLM")
     ap.add_argument("--min-facts", type=float, default=0.95, help="trained weights: least fraction of the 40 capitals (chat template)")
     ap.add_argument("--behaviour-drop", type=float, default=0.03, help="trained weights: most a task's score may fall below the fp32 reference's")
+    ap.add_argument("--traps", action="store_true", help="trained weights, eager cases: answer the behaviour tasks again with each of "
+                    "the reference's traps planted in the workers (plant_trap), each held to train.TRAP_CAUGHT's margins")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(INCOMING))
     ap.add_argument("--name", default="gpu_parity", help="name of the JSON report (and prefix of the logs)")
     ap.add_argument("--workdir", default=None, help="where the tiny checkpoints are written (default: a temp dir)")
@@ -417,7 +459,7 @@ def main(argv: list | None = None) -> int:
               "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats,
               "weights": "random" if a.weights == "random" else {"arg": a.weights, "file": str(w_file), "sha256": w_sha},
               "slice_layers": a.slice, "long_prompts": a.long,
-              "min_recall": a.min_recall, "min_facts": a.min_facts, "behaviour_drop": a.behaviour_drop, "runs": {}, "failures": [],
+              "min_recall": a.min_recall, "min_facts": a.min_facts, "behaviour_drop": a.behaviour_drop, "traps": a.traps, "runs": {}, "failures": [],
               "reference_behaviour": {}}
     ps = prompts_for(a.weights, a.slice, a.long); refs = {}; done = {}
     Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -441,7 +483,7 @@ def main(argv: list | None = None) -> int:
                                + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
                                + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
                                + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)]
-                               + (["--long"] if a.long else []), env=env, cwd=ROOT,
+                               + (["--long"] if a.long else []) + (["--traps"] if a.traps else []), env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:
             txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
@@ -468,9 +510,12 @@ def main(argv: list | None = None) -> int:
                     "single": single, "batched": batched, "batched_equals_single": same_batched,
                     "tokens": [g["tokens"] for g in res["single"]]})
         if res.get("behaviour"):
-            tasks = behaviour_tasks()
-            rec["behaviour"] = {t: sum(g[:len(x)] == x for g, (_, x) in zip(res["behaviour"][t], tasks[t])) / len(tasks[t]) for t in tasks}
+            rec["behaviour"] = behaviour_scores(res["behaviour"])
             rec["behaviour_reference"] = report["reference_behaviour"][fmt]
+        if res.get("behaviour_traps"):
+            rec["behaviour_traps"] = {n: {"layers": t["layers"], "scores": behaviour_scores(t["outputs"])} for n, t in res["behaviour_traps"].items()}
+        elif a.traps and mode == "eager" and a.weights != "random":
+            report["failures"].append(f"{case}: --traps: the engine ran no trap")
         report["failures"] += judge_run(case, rec, a)
         if mode == "graphs" and not rec["kda_op_splits_graphs"]:
             report["failures"].append(f"{case}: the KDA op is not among the CUDA-graph splitting ops")

@@ -13,7 +13,8 @@
 #   kv            FP8 KV pools of one TP2 rank against the budget (scripts/gpu_serving_checks.py kv)
 #   dynamo        FP8 KV parity, the pool and the served reasoning budget (python -m benchmarks.engine.dynamo_checks)
 #   parity        the GPU parity run on the tiny checkpoints (NVFP4 and BF16, eager and graphs); PARITY_ARGS: more
-#                 options (e.g. "--weights /root/best/best.safetensors")
+#                 options (e.g. "--weights /root/best/best.safetensors"; "--traps": the eager engines also answer the
+#                 behaviour tasks with each negative control planted, chapter train's margins)
 #   spec-rank     the verify step's cost at one TP2 rank of the real model (timed: never TOGETHER): decode at 2K with a
 #                 random EAGLE-3 head proposing K tokens (every draft rejected, so each step verifies 1 + K tokens), one
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of

@@ -42,9 +42,9 @@ from .options import Options, on_arch, options_of
 logger = init_logger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'KERNEL_LAUNCHERS', 'SolarOpen2Attention', 'SolarOpen2DecoderLayer', 'SolarOpen2Model', 'model_options',
-           'apply', 'launch_problems', 'LaunchProbe', 'engine_checks', 'engine_start_check', 'SolarOpen2ForCausalLM',
-           'WeightLoadError']
+__all__ = ['logger', 'KERNEL_LAUNCHERS', 'PLANTABLE_TRAPS', 'SolarOpen2Attention', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
+           'model_options', 'apply', 'launch_problems', 'LaunchProbe', 'engine_checks', 'engine_start_check',
+           'SolarOpen2ForCausalLM', 'WeightLoadError', 'plant_trap']
 
 # %% ../../nbs/08_vllm/07_model.ipynb #4076a839
 class SolarOpen2Attention(nn.Module):
@@ -353,3 +353,45 @@ def load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.T
         if missing: msg.append(f"{len(missing)} parameter(s) the checkpoint did not fill, e.g. {missing[:6]}")
         raise WeightLoadError("Solar-Open2 plugin: " + "; ".join(msg))
     return loaded
+
+# %% ../../nbs/08_vllm/07_model.ipynb #7a9e0002
+PLANTABLE_TRAPS = ("beta_not_doubled", "gate_twice", "no_gqa_gate", "no_shared_expert")   # chapter `train`'s `TRAPS`
+
+def plant_trap(model:nn.Module, # a built plugin model (or one of its layers), run eagerly
+               name:str, # one of `PLANTABLE_TRAPS`
+              ): # a function of no arguments that removes the trap
+    "Plant the reference's trap `name` in the plugin's layers of `model`; returns its undo."
+    if name not in PLANTABLE_TRAPS: raise ValueError(f"plant_trap: name must be one of {PLANTABLE_TRAPS}, got {name!r}")
+    undo = []
+    for m in model.modules():
+        if name == "beta_not_doubled" and isinstance(m, SolarOpen2KDA):
+            undo.append(lambda m=m, v=m.allow_neg_eigval: setattr(m, "allow_neg_eigval", v)); m.allow_neg_eigval = False
+        elif name == "gate_twice" and isinstance(m, SolarOpen2KDA):
+            undo.append(lambda m=m, s=(m.gate_kernel, m.decode_gates): (m.__dict__.pop("_raw_gate"), m.__dict__.pop("_fused_inputs"),
+                                                                       setattr(m, "gate_kernel", s[0]), setattr(m, "decode_gates", s[1])))
+            m.gate_kernel = m.decode_gates = False                              # the raw gate made in Python, where the trap goes
+            once = lambda g, m=m: _kda.kda_gate_torch(g.float(), m.A_log, m.head_dim, m.dt_bias).flatten(-2).to(g.dtype)  # [T, Hl*D]
+            raw, fused = m._raw_gate, m._fused_inputs                           # the bound methods; instance attributes shadow them
+            m._raw_gate = lambda x, raw=raw, once=once: once(raw(x))
+            m._fused_inputs = lambda x, fused=fused, once=once: (lambda qkv, g1, b, g2: (qkv, once(g1), b, g2))(*fused(x))
+        elif name == "no_gqa_gate" and isinstance(m, SolarOpen2Attention):
+            m.output_gate = lambda o, g: o; undo.append(lambda m=m: m.__dict__.pop("output_gate"))
+        elif name == "no_shared_expert" and isinstance(m, SolarOpen2MoE):
+            se = m.shared_experts
+            se.forward = lambda x: torch.zeros_like(x); undo.append(lambda se=se: se.__dict__.pop("forward"))
+    if not undo: raise ValueError(f"plant_trap: {type(model).__name__} has no layer trap {name!r} applies to")
+    def remove():
+        for u in undo: u()
+    remove.layers = len(undo)                                                # how many layers it touched
+    return remove
+
+@patch
+def solar_trap(self:LaunchProbe, name:str|None)->int:
+    "Worker extension: plant trap `name` in this worker's model (`plant_trap`), replacing the one planted before; `None` removes it. Returns the layers touched."
+    if getattr(self, "_solar_untrap", None) is not None: self._solar_untrap(); self._solar_untrap = None
+    if name is None: return 0
+    runner = self.model_runner
+    m = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    m = m.unwrap() if hasattr(m, "unwrap") else m
+    self._solar_untrap = plant_trap(m, name)
+    return self._solar_untrap.layers
