@@ -174,3 +174,17 @@ def test_behaviour_scores_count_whole_answers():
     assert gp.behaviour_scores(right) == {"facts": 1.0, "recall": 1.0, "copy": 1.0}
     off = {**right, "copy": [x[:-1] + [0] for x in right["copy"][:4]] + right["copy"][4:]}   # four copies lose their end
     assert gp.behaviour_scores(off)["copy"] == 12 / 16
+
+
+def test_bf16_flips_reports_each_flip_with_its_margin_and_gates_on_ties(tmp_path, monkeypatch):
+    "benchmarks.engine.bf16_flips on the CPU (one prompt, 8 tokens): a JSON with the flips and margins; a flip that is no tie fails the gate."
+    import json
+    from benchmarks.engine import bf16_flips as bf
+    monkeypatch.setattr(bf, "INCOMING", tmp_path / "incoming")             # the repository's incoming/ stays as it is
+    rc = bf.main(["--formats", "bf16", "--prompts", "1", "--tokens", "8", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "bf16_flips.json").read_text())
+    assert res["positions"] == 8 and set(res["cases"]) == {"bf16:0"} and res["gate"]["passed"] == (rc == 0)
+    c = res["cases"]["bf16:0"]
+    assert len(c["flips_at"]) == len(c["fp32_margin_at_flips"]) and c["min_fp32_margin"] >= 0
+    bad = {**res, "cases": {"x": {**c, "flips_at": [3], "fp32_margin_at_flips": [0.7]}}}
+    assert bf.gate(res) == (rc == 0) and not bf.gate(bad) and not bf.gate({**res, "positions": 0})
