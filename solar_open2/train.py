@@ -19,11 +19,12 @@ from .moe import DISPATCHES, SolarMoE, SolarRouter
 from .kda import KDALayer
 
 # %% auto #0
-__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'KDA_KERNELS', 'TRAPS', 'BEHAVIOUR_FLOORS', 'TRAP_CAUGHT',
-           'chat_text', 'Words', 'recall_sample', 'copy_sample', 'fact_sample', 'recall_top', 'make_batch',
-           'RouterLoads', 'row_loss', 'step_mode', 'train_step', 'fla_chunk_kda', 'kda_kernel_problem', 'fla_kda_core',
-           'train', 'save_trained', 'encode_pair', 'facts_pairs', 'greedy_match', 'facts_accuracy', 'recall_accuracy',
-           'recall_queries', 'copy_prompts', 'copy_accuracy', 'trap', 'cli_train']
+__all__ = ['COUNTRIES', 'FACT_SENTENCES', 'CHAT_TURNS', 'GRAPH_WARMUP', 'KDA_KERNELS', 'FLA_BOUND', 'TRAPS', 'BEHAVIOUR_FLOORS',
+           'TRAP_CAUGHT', 'chat_text', 'Words', 'recall_sample', 'copy_sample', 'fact_sample', 'recall_top',
+           'make_batch', 'RouterLoads', 'row_loss', 'step_mode', 'train_step', 'fla_chunk_kda', 'kda_kernel_problem',
+           'fla_kda_core', 'core_outputs', 'fla_agreement', 'train', 'save_trained', 'encode_pair', 'facts_pairs',
+           'greedy_match', 'facts_accuracy', 'recall_accuracy', 'recall_queries', 'copy_prompts', 'copy_accuracy',
+           'trap', 'cli_train']
 
 # %% ../nbs/06a_train.ipynb #10405203
 COUNTRIES = (("Japan", "Tokyo"), ("France", "Paris"), ("Korea", "Seoul"), ("Italy", "Rome"), ("Germany", "Berlin"),
@@ -220,6 +221,35 @@ def fla_kda_core(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, # [B, T, H, K|V
     o, S = chunk_kda(q, k, v, g.to(q.dtype), beta.to(q.dtype), scale=scale, initial_state=S0,
                      output_final_state=output_final_state)                 # o [B, T, H, V]
     return o.to(v.dtype), S
+
+# %% ../nbs/06a_train.ipynb #7f1a0007
+from .kda import kda_chunked_autograd, l2norm, random_kda_inputs, rel_rms
+
+def core_outputs(fn, # a KDA training core with `kda_chunked_autograd`'s contract
+                 x:dict, # its inputs (q, k, v, g, beta, initial_state)
+                 **slip, # name -> function altering that input first (a deliberate error, to size the bound)
+                )->list: # [o, final state, then each input's gradient]
+    "A KDA core's outputs, final state and input gradients on `x`, whatever the grad mode (loss: a fixed weighting of o, plus |S|^2)."
+    xs = {n: t.clone().requires_grad_() for n, t in x.items()}
+    with torch.enable_grad():
+        o, s = fn(**{**xs, **{n: f(xs[n]) for n, f in slip.items()}}, scale=128 ** -0.5, output_final_state=True)
+        ((o * torch.linspace(-1, 1, o.shape[-1], device=o.device)).sum() + s.square().sum()).backward()
+    return [o.detach(), s.detach()] + [t.grad for t in xs.values()]
+
+FLA_BOUND = 5e-3   # relative RMS between FLA's core and the torch core (measured below: TF32 moves them by <= 9e-4, slips by >= 6e-3)
+
+def fla_agreement(device="cuda")->dict:
+    """FLA's core (`fla_kda_core`) against `kda_chunked_autograd` at the tiny layer's shapes (2 x 300 tokens, 4 heads
+    of 128, strong decays, an initial state), IEEE fp32 matmuls on the torch side: relative RMS of the outputs, final
+    state and every input gradient, by name."""
+    x = random_kda_inputs(B=2, T=300, H=4, K=128, seed=9, initial_state=True)
+    x["g"] = x["g"] * 4                                                 # strong decays too
+    x = {n: t.to(device) for n, t in x.items()}
+    x["q"], x["k"] = l2norm(x["q"]), l2norm(x["k"])                      # as the layer hands them over
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+    try: got, ref = core_outputs(fla_kda_core, x), core_outputs(kda_chunked_autograd, x)
+    finally: torch.backends.cuda.matmul.allow_tf32 = tf32
+    return dict(zip(["o", "state"] + [f"d{n}" for n in x], (rel_rms(a, b) for a, b in zip(got, ref))))
 
 # %% ../nbs/06a_train.ipynb #77629cee
 def train(steps:int=2400, # optimizer steps
