@@ -165,7 +165,7 @@ def test_traps_through_the_engine_are_judged_by_the_chapters_margins():
     a = argparse.Namespace(logprob_tol=0.1, logprob_mean_tol=0.05, noise_factor=2.0, min_recall=0.95, min_facts=0.95, behaviour_drop=0.03)
     cmp = {"mismatches": [], "near_ties": [], "max_abs_dlogprob": 0.0, "mean_abs_dlogprob": 0.0}
     run = {"single": [cmp], "batched": [cmp], "behaviour_traps": beta_missed}
-    assert [x for x in gp.judge_run("ct:eager:float32", run, a)] == gp.judge_traps("ct:eager:float32", beta_missed)
+    assert gp.judge_run("ct:eager:float32", run, a) == gp.judge_traps("ct:eager:float32", beta_missed) != []   # judge_run applies it
 
 
 def test_behaviour_scores_count_whole_answers():

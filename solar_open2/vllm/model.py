@@ -43,8 +43,8 @@ logger = init_logger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'KERNEL_LAUNCHERS', 'PLANTABLE_TRAPS', 'SolarOpen2Attention', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
-           'model_options', 'apply', 'launch_problems', 'LaunchProbe', 'engine_checks', 'engine_start_check',
-           'SolarOpen2ForCausalLM', 'WeightLoadError', 'plant_trap']
+           'model_options', 'apply', 'launch_problems', 'worker_model', 'LaunchProbe', 'engine_checks',
+           'engine_start_check', 'SolarOpen2ForCausalLM', 'WeightLoadError', 'plant_trap']
 
 # %% ../../nbs/08_vllm/07_model.ipynb #4076a839
 class SolarOpen2Attention(nn.Module):
@@ -187,14 +187,18 @@ def launch_problems(applied:dict, # `apply`'s record (layer lists or counts)
             out.append(f"{key}: on in {n} layer(s) but {' / '.join(names)} never launched")
     return out
 
+def worker_model(worker)->nn.Module:
+    "A vLLM worker's model (its `model_runner`'s), unwrapped from a compiled or graph wrapper."
+    runner = worker.model_runner
+    m = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    return m.unwrap() if hasattr(m, "unwrap") else m
+
 class LaunchProbe:
     """A vLLM worker extension (`worker_extension_cls="solar_open2.vllm.model.LaunchProbe"`): `solar_launches()` returns
     this worker's `apply` record (lists as counts) and its `ops.LAUNCHES`."""
     def solar_launches(self)->dict:
         from solar_open2.vllm.ops import LAUNCHES
-        runner = self.model_runner
-        m = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        m = m.unwrap() if hasattr(m, "unwrap") else m                          # a compiled or graph wrapper
+        m = worker_model(self)
         applied = getattr(m, "applied", None)
         return {"launches": dict(LAUNCHES),
                 "applied": None if applied is None else {k: (len(v) if isinstance(v, (list, tuple)) else v) for k, v in applied.items()}}
@@ -390,8 +394,5 @@ def solar_trap(self:LaunchProbe, name:str|None)->int:
     "Worker extension: plant trap `name` in this worker's model (`plant_trap`), replacing the one planted before; `None` removes it. Returns the layers touched."
     if getattr(self, "_solar_untrap", None) is not None: self._solar_untrap(); self._solar_untrap = None
     if name is None: return 0
-    runner = self.model_runner
-    m = runner.get_model() if hasattr(runner, "get_model") else runner.model
-    m = m.unwrap() if hasattr(m, "unwrap") else m
-    self._solar_untrap = plant_trap(m, name)
+    self._solar_untrap = plant_trap(worker_model(self), name)
     return self._solar_untrap.layers
