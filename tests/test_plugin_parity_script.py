@@ -177,14 +177,25 @@ def test_behaviour_scores_count_whole_answers():
 
 
 def test_bf16_flips_reports_each_flip_with_its_margin_and_gates_on_ties(tmp_path, monkeypatch):
-    "benchmarks.engine.bf16_flips on the CPU (one prompt, 8 tokens): a JSON with the flips and margins; a flip that is no tie fails the gate."
+    """benchmarks.engine.bf16_flips on the CPU (one prompt, 8 tokens): a JSON with the flips and their gaps; a bf16 model
+    that picks the fp32 runner-up everywhere flips at every position, and with a tie threshold under its gaps fails."""
     import json
     from benchmarks.engine import bf16_flips as bf
     monkeypatch.setattr(bf, "INCOMING", tmp_path / "incoming")             # the repository's incoming/ stays as it is
     rc = bf.main(["--formats", "bf16", "--prompts", "1", "--tokens", "8", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "bf16_flips.json").read_text())
-    assert res["positions"] == 8 and set(res["cases"]) == {"bf16:0"} and res["gate"]["passed"] == (rc == 0)
-    c = res["cases"]["bf16:0"]
-    assert len(c["flips_at"]) == len(c["fp32_margin_at_flips"]) and c["min_fp32_margin"] >= 0
-    bad = {**res, "cases": {"x": {**c, "flips_at": [3], "fp32_margin_at_flips": [0.7]}}}
-    assert bf.gate(res) == (rc == 0) and not bf.gate(bad) and not bf.gate({**res, "positions": 0})
+    assert res["positions"] == 8 and set(res["cases"]) == {"bf16:0"} and res["gate"]["passed"] == (rc == 0) == bf.gate(res)
+    from solar_open2.checkpoint import tiny_checkpoint
+    from benchmarks.engine.parity import load_reference, prompts_for
+    m32 = load_reference(tiny_checkpoint("bf16", weights="trained"), "cpu", "float32")
+    class RunnerUp(torch.nn.Module):                                      # the fp32 model with each position's best logit pushed last
+        def forward(self, ids):
+            logits, rest = m32(ids)
+            return logits.scatter(-1, logits.argmax(-1, keepdim=True), -1e4), rest
+    p = prompts_for("trained")[1]
+    c = bf.flips(m32, RunnerUp(), p, 4, "cpu", tie_nats=0.0)
+    assert c["flips_at"] == c["mismatches"] == [0, 1, 2, 3] and all(g > 0 for g in c["fp32_gap_at_flips"]), c
+    tie = bf.flips(m32, RunnerUp(), p, 4, "cpu", tie_nats=1e3)             # the same flips, all within a huge tie threshold
+    assert tie["near_ties"] == [0, 1, 2, 3] and tie["mismatches"] == []
+    assert not bf.gate({"positions": 4, "cases": {"x": c}}) and bf.gate({"positions": 4, "cases": {"x": tie}})
+    assert not bf.gate({"positions": 0, "cases": {}})

@@ -6,34 +6,37 @@ bf16 engine is judged against the fp32 reference on the same prompts.
 
 For each format (Nota's NVFP4 compressed-tensors and the BF16 twin) and each of parity's five prompts
 (`prompts_for(weights)`), the fp32 reference generates `--tokens` greedy tokens; the bf16 reference is then
-teacher-forced on that sequence, and every position where its argmax differs from the fp32 token is a flip, reported
-with the fp32 top-2 margin there (nats). Gate: every flip is a near-tie (margin < --tie-nats), the parity run's own
-rule for a divergence. Writes `bf16_flips.json` to `benchmarks/results/incoming/` (and `$OUT`).
+teacher-forced on that sequence, and its argmax at every position is judged as the parity run judges an engine's token
+(`parity.compare_lp`): a pick other than the fp32 argmax is a near-tie when it is within --tie-nats of it, else a
+mismatch; each flip is reported with that gap (nats). Gate: no mismatch, the parity run's own rule. Writes `bf16_flips.json` to `benchmarks/results/incoming/` (and `$OUT`).
 """
 import argparse, sys
 
 from benchmarks.common import INCOMING, ROOT, json_writer, out_dir_default, result_head
 
-GATE_RULE = "every position where the bf16 reference's argmax differs from the fp32 greedy token is an fp32 near-tie (top-2 margin < tie_nats)"
+GATE_RULE = ("every position where the bf16 reference's argmax differs from the fp32 greedy token is a near-tie: within "
+             "tie_nats of the fp32 argmax (parity.compare_lp's rule)")
 FIGURES = ("flips", "positions")
 
 
 def gate(res:dict)->bool:
-    return res["positions"] > 0 and all(m < res["tie_nats"] for c in res["cases"].values() for m in c["fp32_margin_at_flips"])
+    return res["positions"] > 0 and not any(c["mismatches"] for c in res["cases"].values())
 
 
-def flips(m32, m16, prompt:list, tokens:int, device:str)->dict:
-    "One prompt: fp32 greedy tokens, and where the bf16 model (teacher-forced on them) picks another, with the fp32 margins."
-    import torch
+def flips(m32, m16, prompt:list, tokens:int, device:str, tie_nats:float)->dict:
+    "One prompt: the fp32 greedy tokens, and the bf16 model's picks on them (teacher-forced) judged by `compare_lp`."
+    from benchmarks.engine.parity import compare_lp, reference_logprobs
     g = list(m32.generate([prompt], max_new_tokens=tokens, eos_token_ids=[])[0].tokens)
-    seq = torch.tensor([prompt + g], device=device)                      # [1, P + N]
-    l32 = m32(seq)[0][0, len(prompt) - 1:-1].float()                     # [N, V]: the logits that chose each new token
-    l16 = m16(seq)[0][0, len(prompt) - 1:-1].float()                     # [N, V]
-    top2 = l32.log_softmax(-1).topk(2, -1).values                        # [N, 2]
-    margin = top2[:, 0] - top2[:, 1]                                     # [N]
-    at = (l16.argmax(-1) != torch.tensor(g, device=device)).nonzero().flatten().tolist()
-    return {"prompt_tokens": len(prompt), "new_tokens": len(g), "flips_at": at,
-            "fp32_margin_at_flips": [round(margin[i].item(), 4) for i in at], "min_fp32_margin": round(margin.min().item(), 4)}
+    ids, n, at = prompt + g, len(g), len(prompt) - 1
+    lp32 = reference_logprobs(m32, ids, device)[at:at + n]                # [n, V]: the log-probs that chose each new token
+    lp16 = reference_logprobs(m16, ids, device)[at:at + n]                # [n, V]
+    pick = lp16.argmax(-1)                                               # [n] the bf16 model's greedy choice
+    c = compare_lp(lp32, pick.tolist(), lp16.gather(1, pick[:, None])[:, 0].tolist(), tie_nats)
+    flip = sorted(c["mismatches"] + c["near_ties"])
+    gap = lp32.max(-1).values - lp32.gather(1, pick[:, None])[:, 0]       # [n] how far below the fp32 argmax bf16 picked
+    return {"prompt_tokens": len(prompt), "new_tokens": n, "flips_at": flip, "near_ties": c["near_ties"],
+            "mismatches": c["mismatches"], "fp32_gap_at_flips": [round(gap[i].item(), 4) for i in flip],
+            "min_fp32_top2_margin": round(c["min_top2_margin"], 4)}
 
 
 def main(argv=None)->int:
@@ -56,8 +59,8 @@ def main(argv=None)->int:
         ck = tiny_checkpoint(fmt, weights=a.weights)
         m32, m16 = load_reference(ck, a.device, "float32"), load_reference(ck, a.device, "bfloat16")
         for i, p in enumerate(ps):
-            res["cases"][f"{fmt}:{i}"] = c = flips(m32, m16, p, a.tokens, a.device)
-            print(f"{fmt} prompt {i} ({c['prompt_tokens']} tokens): flips at {c['flips_at']} (fp32 margins {c['fp32_margin_at_flips']})", flush=True)
+            res["cases"][f"{fmt}:{i}"] = c = flips(m32, m16, p, a.tokens, a.device, a.tie_nats)
+            print(f"{fmt} prompt {i} ({c['prompt_tokens']} tokens): flips at {c['flips_at']} (below the fp32 argmax by {c['fp32_gap_at_flips']} nats)", flush=True)
     res["positions"] = sum(c["new_tokens"] for c in res["cases"].values())
     res["flips"] = sum(len(c["flips_at"]) for c in res["cases"].values())
     json_writer(res, paths, gate, GATE_RULE, FIGURES)()
