@@ -302,20 +302,6 @@ def test_trained_tiny_file_matches_its_recorded_hash():
     assert json.loads(TINY_TRAINED_FILE.with_name(TINY_TRAINED_FILE.name + ".json").read_text())["sha256"] == sha
 
 
-def test_trained_tiny_checkpoint_in_every_format_is_one_model(tmp_path):
-    import torch
-    from solar_open2.checkpoint import TINY_FORMATS, make_tiny
-    from solar_open2.model import SolarOpen2ForCausalLM
-    ids = torch.tensor([[464, 3, 77, 12, 900, 5, 64, 1000]])
-    logits = {}
-    for f in TINY_FORMATS:
-        d = make_tiny(tmp_path / f, f, weights="trained")
-        assert json.loads((d / "solar_open2_tiny.json").read_text())["weights"] == "trained"
-        with torch.no_grad(): logits[f] = SolarOpen2ForCausalLM.from_pretrained(d)(ids)[0]
-    assert torch.allclose(logits["modelopt"], logits["compressed-tensors"], atol=1e-5)
-    assert torch.allclose(logits["bf16"], logits["compressed-tensors"], atol=2e-2, rtol=2e-2)   # experts in bf16, not re-quantized
-
-
 # The built-in checkpoint's weight shards, built from the committed weights (`make run` loads the first): their
 # sha256 over (name, bytes) in name order. A change in the weights, the NVFP4 codec, the tensor layout or the sharding
 # changes them: update these only with the change that explains it.
@@ -326,14 +312,22 @@ TRAINED_TREE_SHA256 = {
 }
 
 
-def test_trained_tiny_checkpoint_shards_are_pinned(tmp_path):
+def test_trained_tiny_checkpoint_in_every_format_is_one_model_with_pinned_shards(tmp_path):
+    import torch
     from solar_open2.checkpoint import TINY_FORMATS, make_tiny
+    from solar_open2.model import SolarOpen2ForCausalLM
     assert set(TRAINED_TREE_SHA256) == set(TINY_FORMATS)
+    ids = torch.tensor([[464, 3, 77, 12, 900, 5, 64, 1000]])
+    logits = {}
     for f in TINY_FORMATS:
         d = make_tiny(tmp_path / f, f, weights="trained")
+        assert json.loads((d / "solar_open2_tiny.json").read_text())["weights"] == "trained"
         h = hashlib.sha256()
         for sh in sorted(d.glob("*.safetensors")): h.update(sh.name.encode()); h.update(sh.read_bytes())
         assert h.hexdigest() == TRAINED_TREE_SHA256[f], f"{f}: the built-in checkpoint's shards changed"
+        with torch.no_grad(): logits[f] = SolarOpen2ForCausalLM.from_pretrained(d)(ids)[0]
+    assert torch.allclose(logits["modelopt"], logits["compressed-tensors"], atol=1e-5)
+    assert torch.allclose(logits["bf16"], logits["compressed-tensors"], atol=2e-2, rtol=2e-2)   # experts in bf16, not re-quantized
 
 
 def test_trained_tiny_refuses_a_damaged_file(tmp_path, monkeypatch):
