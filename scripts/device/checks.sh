@@ -25,7 +25,8 @@
 #   tail          the float32 tail at long prompts: the BF16 tiny checkpoint in float32, eager, prompts of 700 and 4,096
 #                 tokens (benchmarks.engine.parity --long --cases bf16:eager:float32; PARITY_ARGS as for parity), twice:
 #                 Triton's fp32 dots as it compiles them by default (TF32) and in IEEE fp32 (TRITON_F32_DEFAULT=ieee),
-#                 into $OUT/tail-tf32/ and $OUT/tail-ieee/: whether TF32 in vLLM's FLA kernels is the tail
+#                 into $OUT/tail-tf32/ and $OUT/tail-ieee/: whether TF32 in vLLM's FLA kernels is the tail (the two at
+#                 once when TOGETHER=1)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -80,11 +81,12 @@ run_one() {
               bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" ;;
     tail) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"                 # as Triton compiles fp32 dots (TF32), then in IEEE fp32
-          for prec in tf32 ieee; do
+          for prec in tf32 ieee; do                                      # TOGETHER=1: both at once
             TRITON_F32_DEFAULT=$prec job "$j-$prec" python3 -m benchmarks.engine.parity --long --cases bf16:eager:float32 \
               --out "$OUT/$j-$prec" --name "gpu_parity_tail_${prec}_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
-              --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}"
-          done ;;
+              --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" &
+            [ "$TOGETHER" = 1 ] || wait
+          done; wait ;;
     slice) job "$j" python3 -m benchmarks.engine.parity --slice 2 --out "$OUT/$j" \
              --name "gpu_parity_slice_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" --deadline-s "$DEADLINE_S" \
              --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" ;;
