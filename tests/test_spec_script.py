@@ -147,3 +147,35 @@ def test_a_reduced_draft_vocabulary_loads_as_vllms_d2t():
     m.load_weights(load_file(str(d / "model.safetensors")).items())
     assert m.lm_head.weight.shape[0] == 128 and m.draft_id_to_target_id.tolist() == [0] * 128
     with pytest.raises(ValueError, match="draft_vocab"): S.write_eagle3_draft(d, cfg, [0, 1], draft_vocab=cfg.vocab_size + 1)
+
+
+def _table(rows):
+    return {"cols": ["calls", "h_absmax", "h_nonfinite", "residual_absmax", "residual_nonfinite", "first_bad_call"], "rows": rows}
+
+
+def test_norm_findings_name_the_first_broken_layer_and_the_outsized_ones():
+    """The probe's reading (`--norm-probe`): the lowest row with a non-finite value and the call that saw it first, and the
+    rows whose largest |value| is far from the baseline's; the baseline itself is only read for non-finite rows."""
+    ok = [[10, 1.0, 0, 2.0, 0, -1]] * 4
+    broken = [[10, 1.0, 0, 2.0, 0, -1], [10, 9.0, 0, 2.0, 0, -1], [10, 1.0, 3, 2.0, 0, 7], [10, 1.0, 5, 0.1, 2, 6]]
+    runs = {"ct:graphs:base": {"norms_single": _table(ok), "norms_batched": _table(ok)},
+            "ct:graphs:eagle3_dummy_full": {"norms_single": _table(ok), "norms_batched": _table(broken)},
+            "ct:eager:ngram_k1": {"single": []}}                                # no probe: no finding
+    f = S.norm_findings(runs)
+    assert set(f) == {"ct:graphs:base:single", "ct:graphs:base:batched", "ct:graphs:eagle3_dummy_full:single",
+                      "ct:graphs:eagle3_dummy_full:batched"}
+    assert f["ct:graphs:eagle3_dummy_full:single"] == {"first_nonfinite_row": None, "first_bad_call": None, "nonfinite_rows": [],
+                                                        "outsized": [], "undersized": []}
+    b = f["ct:graphs:eagle3_dummy_full:batched"]
+    assert (b["first_nonfinite_row"], b["first_bad_call"], b["nonfinite_rows"]) == (2, 7, [2, 3])
+    assert b["outsized"] == [[1, "h_absmax", 9.0]] and b["undersized"] == [[3, "residual_absmax", 0.05]]
+    assert f["ct:graphs:base:batched"]["outsized"] == []
+
+
+def test_the_probe_flag_reaches_the_child_and_its_environment_name_is_the_plugins():
+    pytest.importorskip("vllm")
+    from solar_open2.vllm.model import NORM_PROBE_ENV
+    assert S.NORM_PROBE_ENV == NORM_PROBE_ENV
+    import inspect
+    src = inspect.getsource(S.main)
+    assert '["--norm-probe"] if a.norm_probe' in src and "NORM_PROBE_ENV" in src

@@ -43,6 +43,7 @@ MODES = ("eager", "graphs")
 # the published Solar draft head: taps entering layers 3, 15, 27, 39, 47 of 48, a block of 7 draft tokens
 PUBLISHED_TAPS, PUBLISHED_LAYERS, PUBLISHED_BLOCK = (3, 15, 27, 39, 47), 48, 7
 KV_BYTES = 1 << 30
+NORM_PROBE_ENV = "SOLAR_OPEN2_NORM_PROBE"   # solar_open2.vllm.model's (not imported here: that module needs vLLM)
 
 
 def scaled_taps(num_layers: int, taps=PUBLISHED_TAPS, of: int = PUBLISHED_LAYERS) -> list:
@@ -115,10 +116,12 @@ def delta(a: dict, b: dict) -> dict:
 # ---- child: one engine ---------------------------------------------------------------------------------------------
 
 def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weights: str, kv_bytes: int = KV_BYTES,
-               cudagraph_mode: str | None = None) -> dict:
+               cudagraph_mode: str | None = None, norm_probe: bool = False) -> dict:
     """Greedy generation of every prompt alone and as one batch, with `spec` as vLLM's speculative_config (None: off);
     `cudagraph_mode` (graphs mode): vLLM's, e.g. PIECEWISE (default: the plugin's, PIECEWISE with speculation); a full
-    mode with `spec` also sets the plugin's option `spec_full_graphs`, which keeps it."""
+    mode with `spec` also sets the plugin's option `spec_full_graphs`, which keeps it. `norm_probe`: the model watches
+    every layer's output (`SOLAR_OPEN2_NORM_PROBE`, set by the parent), and the tables of the single and the batched
+    calls are returned apart (`norms_single`, `norms_batched`; reset after start-up and between the two)."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="bfloat16", seed=0, max_model_len=1024,
@@ -127,6 +130,7 @@ def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weig
     if spec: kw["speculative_config"] = spec
     if spec and cudagraph_mode and "FULL" in cudagraph_mode:                  # the plugin would make it PIECEWISE (spec_graphs_guard)
         kw["additional_config"] = {"solar_open2": {"spec_full_graphs": True}}
+    if norm_probe: kw["worker_extension_cls"] = "solar_open2.vllm.model.LaunchProbe"
     if mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64],
                                       **({"cudagraph_mode": cudagraph_mode} if cudagraph_mode else {})}
@@ -136,21 +140,26 @@ def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weig
     sp = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, detokenize=False)
     gen = lambda ps: [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)]
     ps = prompts_for(weights)
+    norms = lambda: llm.collective_rpc("solar_norms", kwargs={"reset": True})[0] if norm_probe else None
+    norms()                                                                    # start-up's calls (profiling, capture) apart
     m0 = spec_metrics(llm); t = time.perf_counter()
     single = [gen([p])[0] for p in ps]
     single_s = time.perf_counter() - t; m1 = spec_metrics(llm)
+    n_single = norms()
     batched = gen(ps)
     m2 = spec_metrics(llm)
+    n_batched = norms()
     cfg = llm.llm_engine.vllm_config
     return {"init_s": round(init_s, 1), "single_s": round(single_s, 2), "single": single, "batched": batched,
             "spec_single": delta(m0, m1), "spec_batched": delta(m1, m2),
             "splitting_ops": cfg.compilation_config.splitting_ops, "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
-            "speculative_config": str(cfg.speculative_config) if cfg.speculative_config else None}
+            "speculative_config": str(cfg.speculative_config) if cfg.speculative_config else None,
+            **({"norms_single": n_single, "norms_batched": n_batched} if norm_probe else {})}
 
 
 def child_main(a) -> int:
     res = run_engine(a.child_model, a.child_mode, a.tokens, json.loads(a.child_spec) if a.child_spec else None, a.weights,
-                     cudagraph_mode=a.child_cudagraph_mode)
+                     cudagraph_mode=a.child_cudagraph_mode, norm_probe=a.norm_probe)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -237,6 +246,32 @@ GATE_RULE = ("a speculative run passes when, for every prompt, alone and batched
              "rejected at least one")
 
 
+def norm_findings(runs: dict, factor: float = 4.0) -> dict:
+    """Per run with probe tables (`--norm-probe`) and part (single, batched): the lowest row (0 the embeddings, i layer i's
+    output) with a non-finite value and the call that first saw one, and the rows whose largest finite |h| or |residual|
+    is more than `factor` times, or less than 1/`factor` of, the same part's row in the baseline of its checkpoint and
+    mode (`outsized`, `undersized`: a layer whose output is finite but wrong in size)."""
+    out = {}
+    for key, r in runs.items():
+        for part in ("single", "batched"):
+            t = r.get(f"norms_{part}")
+            if not t: continue
+            cols = t["cols"]; ci = {c: cols.index(c) for c in cols}
+            bad = [i for i, row in enumerate(t["rows"]) if row[ci["h_nonfinite"]] + row[ci["residual_nonfinite"]] > 0]
+            f = {"first_nonfinite_row": bad[0] if bad else None,
+                 "first_bad_call": t["rows"][bad[0]][ci["first_bad_call"]] if bad else None,
+                 "nonfinite_rows": bad, "outsized": [], "undersized": []}
+            base = (runs.get(":".join(key.split(":")[:2] + ["base"])) or {}).get(f"norms_{part}")
+            if base and key.split(":")[2] != "base":
+                for i, (row, b) in enumerate(zip(t["rows"], base["rows"])):
+                    for c in ("h_absmax", "residual_absmax"):
+                        x, y = row[ci[c]], b[ci[c]]
+                        if y > 0 and x > factor * y: f["outsized"].append([i, c, round(x / y, 2)])
+                        elif y > 0 and x < y / factor: f["undersized"].append([i, c, round(x / y, 4)])
+            out[f"{key}:{part}"] = f
+    return out
+
+
 def judge(report: dict) -> list:
     "Failure lines of a report (GATE_RULE): divergences that are not near-ties, tokens off the reference, no drafts, no rejection."
     fails, runs = [], report["runs"]
@@ -277,6 +312,9 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--rejudge", metavar="JSON", help="re-apply the reference comparison and the checks to a saved report")
     ap.add_argument("--only", nargs="+", metavar="FORMAT:MODE:NAME", help="run only these engines (and their baselines)")
     ap.add_argument("--child-model"); ap.add_argument("--child-mode"); ap.add_argument("--child-out"); ap.add_argument("--child-spec")
+    ap.add_argument("--norm-probe", action="store_true",
+                    help="every engine watches each layer's output (SOLAR_OPEN2_NORM_PROBE); the report says, per run and part, "
+                         "the first layer output with a non-finite value and the rows far from the baseline's (norm_findings)")
     ap.add_argument("--child-cudagraph-mode")
     a = ap.parse_args(argv)
     if any(k < 1 for k in a.ks): ap.error(f"--ks: draft token counts must be >= 1, got {a.ks}")
@@ -290,7 +328,7 @@ def main(argv: list | None = None) -> int:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="solar_spec_"))
     installed = plugin_entry_point()
     paths = [str(ROOT)] + ([] if installed else [str(entry_point_shim(work / "shim"))])
-    env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    env = {**os.environ, **ENV, **({NORM_PROBE_ENV: "1"} if a.norm_probe else {}), "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     taps = scaled_taps(SolarOpen2Config.tiny().num_hidden_layers)
     draft_dir = work / "eagle3_draft"
     if a.draft == "eagle3": write_eagle3_draft(draft_dir, SolarOpen2Config.tiny(), taps)
@@ -315,7 +353,7 @@ def main(argv: list | None = None) -> int:
         t = time.time()
         try:
             r = subprocess.run([sys.executable, "-m", MODULE, "--child-model", str(ck), "--child-mode", mode, "--child-out", str(outf),
-                                "--tokens", str(a.tokens), "--weights", a.weights] + (["--child-spec", json.dumps(spec)] if spec else [])
+                                "--tokens", str(a.tokens), "--weights", a.weights] + (["--norm-probe"] if a.norm_probe else []) + (["--child-spec", json.dumps(spec)] if spec else [])
                                + (["--child-cudagraph-mode", cg] if cg else []),
                                env=env, cwd=ROOT, capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
             log = r.stdout + r.stderr; rc = r.returncode
@@ -334,6 +372,7 @@ def main(argv: list | None = None) -> int:
     add_reference(report, work, a.formats, a.weights, a.tie_nats, "cuda")
     report["tie_nats"] = a.tie_nats
     report["failures"] = judge(report)
+    if a.norm_probe: report["norm_findings"] = norm_findings(report["runs"])
     report["wall_s"] = round(time.time() - t_start, 1)
     report["passed"] = not report["failures"]
     (Path(a.out) / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")

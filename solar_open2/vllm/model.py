@@ -5,6 +5,7 @@
 # %% ../../nbs/08_vllm/07_model.ipynb #ecc1698d
 from __future__ import annotations
 import copy
+import os
 import re
 from collections.abc import Iterable
 
@@ -26,6 +27,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import EagleModelMixin, HasInnerState, IsHybrid, SupportsEagle, SupportsEagle3
 from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
 from vllm.sequence import IntermediateTensors
+from vllm.utils.torch_utils import direct_register_custom_op
 
 from ..config import SolarOpen2Config, LINEAR
 from ..selfcheck import require_engine_ok
@@ -42,9 +44,10 @@ from .options import Options, on_arch, options_of
 logger = init_logger(__name__)
 
 # %% auto #0
-__all__ = ['logger', 'KERNEL_LAUNCHERS', 'PLANTABLE_TRAPS', 'SolarOpen2Attention', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
-           'model_options', 'apply', 'launch_problems', 'worker_model', 'LaunchProbe', 'engine_checks',
-           'engine_start_check', 'SolarOpen2ForCausalLM', 'WeightLoadError', 'plant_trap']
+__all__ = ['logger', 'NORM_PROBE_ENV', 'NORM_PROBE_COLS', 'KERNEL_LAUNCHERS', 'PLANTABLE_TRAPS', 'SolarOpen2Attention',
+           'norm_probe_buffer', 'norm_probe_update', 'SolarOpen2DecoderLayer', 'SolarOpen2Model', 'model_options',
+           'apply', 'launch_problems', 'worker_model', 'LaunchProbe', 'engine_checks', 'engine_start_check',
+           'SolarOpen2ForCausalLM', 'WeightLoadError', 'plant_trap']
 
 # %% ../../nbs/08_vllm/07_model.ipynb #4076a839
 class SolarOpen2Attention(nn.Module):
@@ -79,6 +82,42 @@ class SolarOpen2Attention(nn.Module):
         "`o ⊙ sigmoid(g)`, the sigmoid in fp32 (what the engine-start self-check tests)."
         return o * torch.sigmoid(g.float()).to(o.dtype)
 
+# %% ../../nbs/08_vllm/07_model.ipynb #a7c0e1d2
+NORM_PROBE_ENV = "SOLAR_OPEN2_NORM_PROBE"        # "1": SolarOpen2Model watches every layer's output (norm_probe)
+NORM_PROBE_COLS = ("calls", "h_absmax", "h_nonfinite", "residual_absmax", "residual_nonfinite", "first_bad_call")
+
+def norm_probe_buffer(num_layers:int)->torch.Tensor|None:
+    "The probe's table, [num_layers + 1, 6] fp32 (first_bad_call -1: none yet), when `NORM_PROBE_ENV` asks; else None."
+    if os.environ.get(NORM_PROBE_ENV, "") != "1": return None
+    buf = torch.zeros(num_layers + 1, len(NORM_PROBE_COLS), dtype=torch.float32)
+    buf[:, 5] = -1
+    return buf
+
+def norm_probe_update(h:torch.Tensor, # [T, hidden] a layer's output
+                      residual:torch.Tensor, # [T, hidden] the residual stream beside it
+                      buf:torch.Tensor, # [layers + 1, 6] the table (`norm_probe_buffer`)
+                      i:int, # its row: 0 the embeddings, i layer i's output
+                     )->None:
+    "Fold one layer output into row `i` of `buf`, on the device (no host sync: a CUDA graph can capture it)."
+    row = buf[i]                                                              # [6], a view
+    row[0] += 1
+    bad = torch.zeros((), dtype=torch.float32, device=buf.device)
+    for x, c in ((h, 1), (residual, 3)):
+        xf = x.float()                                                        # [T, hidden]
+        fin = torch.isfinite(xf)
+        if xf.numel(): row[c] = torch.maximum(row[c], torch.where(fin, xf.abs(), 0.0).amax())
+        n = (~fin).sum().float()
+        row[c + 1] += n
+        bad = bad + n
+    row[5] = torch.where((row[5] < 0) & (bad > 0), row[0], row[5])
+
+def _norm_probe_op(h:torch.Tensor, residual:torch.Tensor, buf:torch.Tensor, i:int)->None: norm_probe_update(h, residual, buf, i)
+def _norm_probe_fake(h:torch.Tensor, residual:torch.Tensor, buf:torch.Tensor, i:int)->None: return None
+
+if not hasattr(torch.ops.vllm, "solar_open2_norm_probe"):
+    direct_register_custom_op(op_name="solar_open2_norm_probe", op_func=_norm_probe_op, mutates_args=["buf"], fake_impl=_norm_probe_fake)
+
+
 # %% ../../nbs/08_vllm/07_model.ipynb #7972cb8f
 class SolarOpen2DecoderLayer(nn.Module):
     "`h += mixer(norm(h)); h += moe(norm(h))`, the mixer KDA or gated attention per `layer_types`."
@@ -112,6 +151,7 @@ class SolarOpen2Model(nn.Module, EagleModelMixin):
             config.num_hidden_layers, lambda prefix: SolarOpen2DecoderLayer(config, vllm_config, prefix, opts),
             prefix=f"{prefix}.layers")
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.register_buffer("norm_probe", norm_probe_buffer(config.num_hidden_layers), persistent=False)   # None unless asked
 
     def embed_input_ids(self, input_ids:torch.Tensor)->torch.Tensor: return self.embed_tokens(input_ids)
 
@@ -120,9 +160,12 @@ class SolarOpen2Model(nn.Module, EagleModelMixin):
         h = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)   # [T, hidden]
         residual = None
         aux = self._maybe_add_hidden_state([], 0, h, residual)                 # tap i: the stream entering layer i (0: the embeddings)
+        probe = self.norm_probe
+        if probe is not None and self.start_layer == 0: torch.ops.vllm.solar_open2_norm_probe(h, h, probe, 0)
         for i in range(self.start_layer, self.end_layer):
             h, residual = self.layers[i](positions, h, residual)
             self._maybe_add_hidden_state(aux, i + 1, h, residual)              # [T, hidden] each; tap L: the last layer's output
+            if probe is not None: torch.ops.vllm.solar_open2_norm_probe(h, residual, probe, i + 1)
         h, _ = self.norm(h, residual)
         return (h, aux) if aux else h
 
@@ -195,13 +238,22 @@ def worker_model(worker)->nn.Module:
 
 class LaunchProbe:
     """A vLLM worker extension (`worker_extension_cls="solar_open2.vllm.model.LaunchProbe"`): `solar_launches()` returns
-    this worker's `apply` record (lists as counts) and its `ops.LAUNCHES`."""
+    this worker's `apply` record (lists as counts) and its `ops.LAUNCHES`; `solar_norms()` its residual-stream probe's table."""
     def solar_launches(self)->dict:
         from solar_open2.vllm.ops import LAUNCHES
         m = worker_model(self)
         applied = getattr(m, "applied", None)
         return {"launches": dict(LAUNCHES),
                 "applied": None if applied is None else {k: (len(v) if isinstance(v, (list, tuple)) else v) for k, v in applied.items()}}
+
+    def solar_norms(self, reset:bool=False)->dict|None:
+        """This worker's `norm_probe` table (`NORM_PROBE_COLS` per row), or None when the engine ran without
+        `NORM_PROBE_ENV`; `reset`: then start it afresh, in place (a captured graph keeps writing the same memory)."""
+        buf = getattr(getattr(worker_model(self), "model", None), "norm_probe", None)
+        if buf is None: return None
+        out = {"cols": list(NORM_PROBE_COLS), "rows": buf.tolist()}
+        if reset: buf.zero_(); buf[:, 5] = -1
+        return out
 
 # %% ../../nbs/08_vllm/07_model.ipynb #5e1f0102
 def engine_checks(model:nn.Module)->dict:
