@@ -138,6 +138,31 @@ def test_checks_script_tail_and_slice_jobs_run_the_parity_script_as_documented(t
     assert "== tail-tf32: exit 0" in r.stdout and "== tail-ieee: exit 0" in r.stdout and "== slice: exit 0" in r.stdout
 
 
+def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisions(tmp_path):
+    """checks.sh with TOGETHER=1: parity runs its eager and its graphs engines as two reports (each with the sharing
+    options and PARITY_ARGS), tail its TF32 and IEEE engines at once; every engine is started exactly once."""
+    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
+    log = tmp_path / "calls.txt"
+    fake = site / "bin" / "python3"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
+                    f"echo \"F32=${{TRITON_F32_DEFAULT:-unset}} $*\" >> '{log}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "77", "TOGETHER": "1",
+           "PARITY_ARGS": "--traps"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "parity", "tail"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = sorted(log.read_text().splitlines())
+    assert len(calls) == 4, calls
+    par = [c for c in calls if "--long" not in c]
+    for m in ("eager", "graphs"):
+        line = next(c for c in par if f"--name gpu_parity_vllm_9.9.9_{m} " in c)
+        assert f"--cases compressed-tensors:{m}:bfloat16 bf16:{m}:bfloat16 --out {tmp_path}/out/parity-{m} " in line, line
+        assert line.endswith("--kv-cache-memory-bytes 2147483648 --traps"), line
+    assert sorted(c.split()[0] for c in calls if "--long" in c) == ["F32=ieee", "F32=tf32"]
+    for j in ("parity-eager", "parity-graphs", "tail-tf32", "tail-ieee"): assert f"== {j}: exit 0" in r.stdout, r.stdout
+
+
 def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):
     "train_tiny.sh: wheels staged in FLA_WHEELS are installed (no network, no deps) into FLA_SITE, which the runs import."
     bin_ = tmp_path / "bin"; bin_.mkdir()

@@ -12,7 +12,8 @@
 #   prefix        prefix caching on the tiny checkpoint, eager and CUDA graphs (scripts/gpu_serving_checks.py prefix)
 #   kv            FP8 KV pools of one TP2 rank against the budget (scripts/gpu_serving_checks.py kv)
 #   dynamo        FP8 KV parity, the pool and the served reasoning budget (python -m benchmarks.engine.dynamo_checks)
-#   parity        the GPU parity run on the tiny checkpoints (NVFP4 and BF16, eager and graphs); PARITY_ARGS: more
+#   parity        the GPU parity run on the tiny checkpoints (NVFP4 and BF16, eager and graphs; with TOGETHER=1 the eager
+#                 and the graphs engines at once, into $OUT/parity-eager/ and $OUT/parity-graphs/); PARITY_ARGS: more
 #                 options (e.g. "--weights /root/best/best.safetensors"; "--traps": the eager engines also answer the
 #                 behaviour tasks with each negative control planted, chapter train's margins)
 #   spec-rank     the verify step's cost at one TP2 rank of the real model (timed: never TOGETHER): decode at 2K with a
@@ -41,6 +42,7 @@ set -uo pipefail
 SITE=${SITE:-/root/site}
 DEADLINE_S=${DEADLINE_S:-400}
 OUT=${OUT:?set OUT (the device run sets it)}
+mkdir -p "$OUT"
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TRITON_CACHE_AUTOTUNING=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -77,9 +79,17 @@ run_one() {
     dynamo) job "$j" python3 -m benchmarks.engine.dynamo_checks --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
               "${DYN_MEM[@]}" ;;
     parity) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"
-            job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
-              bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
-              --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" ;;
+            v=$(python3 -c 'import vllm; print(vllm.__version__)')
+            if [ "$TOGETHER" = 1 ]; then                                    # eager and graphs engines at once, a report each
+              for m in eager graphs; do
+                job "$j-$m" python3 -m benchmarks.engine.parity --cases compressed-tensors:$m:bfloat16 bf16:$m:bfloat16 \
+                  --out "$OUT/$j-$m" --name "gpu_parity_vllm_${v}_$m" --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" &
+              done; wait
+            else
+              job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
+                bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$v" \
+                --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}"
+            fi ;;
     tail) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"                 # as Triton compiles fp32 dots (TF32), then in IEEE fp32
           for prec in tf32 ieee; do                                      # TOGETHER=1: both at once
             TRITON_F32_DEFAULT=$prec job "$j-$prec" python3 -m benchmarks.engine.parity --long --cases bf16:eager:float32 \
