@@ -381,7 +381,9 @@ def main(argv: list | None = None) -> int:
                     **{f"{p}_acceptance": r[f"spec_{p}"]["acceptance"] for p in ("single", "batched")},
                     "mean_accepted_length": r["spec_single"]["mean_accepted_length"]})
                for k, r in report["runs"].items()}
-    print(json.dumps({"passed": report["passed"], "summary": summary, "failures": report["failures"]}, indent=1))
+    found = {k: f for k, f in (report.get("norm_findings") or {}).items() if f["nonfinite_rows"] or f["outsized"] or f["undersized"]}
+    print(json.dumps({"passed": report["passed"], "summary": summary, "failures": report["failures"],
+                      **({"norm_findings": found} if a.norm_probe else {})}, indent=1))
     return 0 if report["passed"] else 1
 
 
