@@ -22,10 +22,10 @@ __all__ = ['INDEX_NAME', 'SINGLE_NAME', 'MAX_HEADER_BYTES', 'ST_DTYPES', 'MAX_JS
            'SAMPLE_PROMPT', 'CheckpointError', 'TensorInfo', 'open_regular', 'read_json', 'read_header', 'nvfp4_layout',
            'checkpoint_specs', 'check_tensors', 'bf16_linear_modules', 'routed_expert_modules', 'quantization_problems',
            'CheckpointScan', 'tree_file', 'scan_checkpoint', 'non_finite', 'CheckpointReader', 'layer_nbytes',
-           'tiny_weights', 'tiny_tokenizer', 'trained_tensors_from', 'trained_file', 'trained_weights', 'make_tiny',
-           'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'slice_config', 'slice_tensor', 'slice_shards',
-           'make_slice', 'cli_make_slice', 'scan_values', 'preflight', 'content_manifest', 'manifest_problems',
-           'cli_preflight', 'real_checkpoint']
+           'tiny_weights', 'tiny_tokenizer', 'share_expert_scales', 'trained_tensors_from', 'trained_file',
+           'trained_weights', 'make_tiny', 'cli_make_tiny', 'cache_dir', 'tiny_checkpoint', 'slice_config',
+           'slice_tensor', 'slice_shards', 'make_slice', 'cli_make_slice', 'scan_values', 'preflight',
+           'content_manifest', 'manifest_problems', 'cli_preflight', 'real_checkpoint']
 
 # %% ../nbs/05_checkpoint.ipynb #6db45b75
 INDEX_NAME = "model.safetensors.index.json"
@@ -661,10 +661,19 @@ def _tiny_quantized(seed:int)->dict:
     return {n: (_tiny_nvfp4(w, n) if ".mlp.experts." in n else w)
             for n, w in tiny_weights(seed, cfg).items()}
 
-def _format_tensors(quantized:dict, fmt:str)->dict:
-    "`{name: tensor}` in format `fmt` from tensors whose routed experts are `NVFP4Weight`s (dequantised for bf16)."
-    out = {}
+def share_expert_scales(quantized:dict)->dict:
+    "Each routed expert's `gate_proj` and `up_proj` over one global scale (`nvfp4.share_global_scale`), as vLLM's fused `w13` needs."
+    out = dict(quantized)
     for n, w in quantized.items():
+        if ".mlp.experts." in n and n.endswith(".gate_proj.weight") and isinstance(w, nvfp4.NVFP4Weight):
+            u = n.replace(".gate_proj.", ".up_proj.")
+            if isinstance(quantized.get(u), nvfp4.NVFP4Weight): out[n], out[u] = nvfp4.share_global_scale(w, quantized[u])
+    return out
+
+def _format_tensors(quantized:dict, fmt:str)->dict:
+    "`{name: tensor}` in format `fmt` from tensors whose routed experts are `NVFP4Weight`s (dequantised for bf16; gate and up share a global scale)."
+    out = {}
+    for n, w in share_expert_scales(quantized).items():
         if not isinstance(w, nvfp4.NVFP4Weight): out[n] = w
         elif fmt == "bf16": out[n] = w.dequantize(torch.bfloat16)
         else: out.update({f"{n.removesuffix('.weight')}.{suf}": t.contiguous() for suf, t in nvfp4.to_checkpoint(w, fmt).items()})
@@ -746,9 +755,17 @@ def _regex_targets(qc:dict)->dict:
     qc["ignore"] = ["lm_head"]
     return qc
 
+def _fused_amax(w:dict, n:str)->float|None:
+    "The largest magnitude of the fused group expert weight `n` belongs to (gate and up together; None: alone)."
+    for a, b in ((".gate_proj.", ".up_proj."), (".up_proj.", ".gate_proj.")):
+        if a in n and n.replace(a, b) in w: return max(float(w[n].abs().amax()), float(w[n.replace(a, b)].abs().amax()))
+    return None
+
 def _real_metadata_tensors(fmt:str, w:dict)->dict:
-    "The tiny checkpoint's tensors from BF16 weights `w`, routed experts quantized with their own global scales (448·6/amax: never a power of two)."
-    return _format_tensors({n: (nvfp4.quantize(t, input_amax=TINY_INPUT_AMAX, name=n) if ".mlp.experts." in n else t) for n, t in w.items()}, fmt)
+    """The tiny checkpoint's tensors from BF16 weights `w`, routed experts quantized with realistic global scales
+    (448·6/amax, never a power of two; gate and up from their joint amax, as llm-compressor fuses them)."""
+    return _format_tensors({n: (nvfp4.quantize(t, input_amax=TINY_INPUT_AMAX, name=n, amax=_fused_amax(w, n)) if ".mlp.experts." in n else t)
+                            for n, t in w.items()}, fmt)
 
 def make_tiny(path, # directory to create (absent or empty)
               format:str="compressed-tensors", # "compressed-tensors" (Nota's), "modelopt", or "bf16" (dequantised experts)

@@ -15,8 +15,8 @@ from torch import nn
 # %% auto #0
 __all__ = ['GROUP_SIZE', 'E2M1_MAX', 'FP8_E4M3_MAX', 'E2M1_VALUES', 'CONVENTIONS', 'Suffixes', 'SUFFIXES', 'pack_codes',
            'unpack_codes', 'round_to_e2m1', 'global_scale_for', 'NVFP4Weight', 'quantize', 'dequantize', 'relative_rms',
-           'to_checkpoint', 'from_checkpoint', 'detect_convention', 'quantization_config', 'fake_quantize_activation',
-           'nvfp4_linear', 'NVFP4Linear', 'set_w4a4', 'w4a4_vs_w4a16']
+           'share_global_scale', 'to_checkpoint', 'from_checkpoint', 'detect_convention', 'quantization_config',
+           'fake_quantize_activation', 'nvfp4_linear', 'NVFP4Linear', 'set_w4a4', 'w4a4_vs_w4a16']
 
 # %% ../nbs/01_nvfp4.ipynb #183c19f9
 GROUP_SIZE = 16          # elements per FP8 block scale, along the input dimension
@@ -132,7 +132,9 @@ class NVFP4Weight:
                 f"input_global_scale={None if self.input_global_scale is None else round(self.input_global_scale.item(), 9)})")
 
 # %% ../nbs/01_nvfp4.ipynb #b33507fa
-def quantize(w:torch.Tensor, input_amax=None, name:str="weight")->NVFP4Weight:
+def quantize(w:torch.Tensor, input_amax=None, name:str="weight",
+             amax=None, # the magnitude the global scale is drawn from: default `w`'s own; a fused group's (gate and up), at least `w`'s
+            )->NVFP4Weight:
     "Quantize a 2-D weight `[out, in]` to NVFP4 (round to nearest, ties to even), llm-compressor/ModelOpt scales."
     if not isinstance(w, torch.Tensor) or not w.is_floating_point(): _fail(name, "expected a floating-point tensor")
     if w.ndim != 2: _fail(name, f"expected a 2-D [out, in] weight, got shape {list(w.shape)}")
@@ -141,7 +143,10 @@ def quantize(w:torch.Tensor, input_amax=None, name:str="weight")->NVFP4Weight:
     if inp % GROUP_SIZE: _fail(name, f"input dim {inp} is not a multiple of {GROUP_SIZE}")
     w = w.detach().float()
     if not torch.isfinite(w).all(): _fail(name, "weight has NaN or Inf values")
-    gmul = global_scale_for(w.abs().amax() if w.numel() else 0.0).to(w.device)
+    own = float(w.abs().amax()) if w.numel() else 0.0
+    if amax is not None and not (math.isfinite(float(amax)) and float(amax) >= own):
+        _fail(name, f"amax {float(amax)} is below the weight's own largest magnitude {own} (or not finite)")
+    gmul = global_scale_for(own if amax is None else float(amax)).to(w.device)
     blocks = w.reshape(out, inp // GROUP_SIZE, GROUP_SIZE)              # [out, in/16, 16]
     scale = _block_scales(blocks, gmul)                                 # [out, in/16]
     codes = _quantize_blocks(blocks, scale, gmul).reshape(out, inp)     # [out, in]
@@ -192,6 +197,23 @@ def relative_rms(a:torch.Tensor, ref:torch.Tensor)->float:
     "||a - ref||_2 / ||ref||_2 in fp64."
     a, ref = a.double(), ref.double()
     return ((a - ref).norm() / ref.norm().clamp(min=1e-300)).item()
+
+# %% ../nbs/01_nvfp4.ipynb #b5e0a002
+def share_global_scale(a:NVFP4Weight, b:NVFP4Weight)->tuple:
+    "`a` and `b` over one global scale, the larger multiplier of the two, every dequantized value unchanged (else ValueError)."
+    ga, gb = float(a.global_scale), float(b.global_scale)
+    if ga == gb: return a, b
+    lo, g = (a, gb) if ga < gb else (b, ga)                                    # `lo` moves to the shared multiplier `g`
+    r = float(lo.global_scale) / g                                            # < 1
+    if not (r > 0 and math.frexp(r)[0] == 0.5):
+        _fail(lo.name, f"global scale {float(lo.global_scale)} is not a power of two apart from {g}: re-quantize the pair with a joint amax instead")
+    s = lo.scale.float() * r                                                  # [out, in/16]
+    s8 = s.to(torch.float8_e4m3fn)
+    if not torch.equal(s8.float(), s):
+        _fail(lo.name, f"block scales times {r} are not exact in E4M3: re-quantize the pair with a joint amax instead")
+    moved = NVFP4Weight(lo.packed, s8, torch.tensor(g, dtype=torch.float32, device=lo.packed.device), lo.input_global_scale, name=lo.name)
+    return (moved, b) if lo is a else (a, moved)
+
 
 # %% ../nbs/01_nvfp4.ipynb #435f901c
 CONVENTIONS = ("compressed-tensors", "modelopt")
