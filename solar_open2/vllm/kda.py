@@ -673,8 +673,8 @@ def _plain_linears(layer:torch.nn.Module, names:tuple)->bool:
 def apply_kda(layer:SolarOpen2KDA, opts:Options)->SolarOpen2KDA:
     "Turn on the kernels `opts` asks for that `layer` can take; the layer."
     lowrank = layer.fused and not layer.full_proj and _plain_linears(layer, ("fg_a_proj", "f_b_proj", "g_b_proj"))
-    layer.gate_kernel = opts.kda_gate_kernel and lowrank
     layer.decode_kernel = opts.kda_decode_kernel and decode_kernel_runs(layer)
     layer.decode_gates = opts.kda_decode_gates and layer.decode_kernel and lowrank
+    layer.gate_kernel = opts.kda_gate_kernel and lowrank and not layer.decode_gates   # the gates mode's forward never reaches the gates' op
     layer.gemv_pairs = (("qkvb_proj", "fg_a_proj"),) if layer.decode_gates else ()
     return layer
