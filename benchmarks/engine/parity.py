@@ -229,6 +229,15 @@ def reference_logprobs(m, ids: list, device: str):
         return torch.log_softmax(logits[0].float(), -1)
 
 
+BF16_TIE_ULPS = 2.0   # a bf16 engine's logits are bf16: a top-2 gap under this many bf16 ulps of the logit is a near-tie
+
+
+def bf16_ulp(x: float) -> float:
+    "One bf16 ulp at magnitude `x` (8 significant bits): 2^(floor(log2|x|) - 7)."
+    import math
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
+
+
 def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | None = None) -> dict:
     """Per position: is `tokens[i]` the argmax of the reference log-probs `lp` [n, V] (near-ties apart), |dlogprob| of
     the chosen token, and with `topk` (vLLM's {token id: logprob} per position) |dlogprob| over those tokens."""
@@ -241,6 +250,7 @@ def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | N
         if topk: dk += [abs(v - float(lp[i, int(j)])) for j, v in topk[i].items()]
     div = min(mism + ties) if mism + ties else None
     out = {"mismatches": mism, "near_ties": ties, "first_divergence": div,
+           "gaps": {str(i): round(float(top2.values[i, 0] - lp[i, tokens[i]]), 4) for i in mism + ties},   # fp32 nats below the argmax
            "max_abs_dlogprob": max(dlp), "mean_abs_dlogprob": sum(dlp) / len(dlp),
            "min_top2_margin": float((top2.values[:, 0] - top2.values[:, 1]).min())}
     if topk: out.update(topk_max_abs_dlogprob=max(dk), topk_mean_abs_dlogprob=sum(dk) / len(dk))
@@ -250,16 +260,23 @@ def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | N
 def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) -> dict:
     """Teacher-force vLLM's sequence through the fp32 reference `m`: each vLLM token vs the reference argmax, and the
     logprobs (chosen token and vLLM's top-k). With `m16` (the same reference in bf16) also the noise floor: the bf16
-    reference's own argmax and logprobs against the fp32 reference on the same sequence and the same top-k ids."""
+    reference's own argmax and logprobs against the fp32 reference on the same sequence and the same top-k ids; and a
+    vLLM token off the fp32 argmax that the bf16 reference also picks there is a measured bf16 flip (`bf16_flips`, its
+    fp32 gap in `gaps`), not a mismatch: bf16 rounding alone, in code independent of vLLM, makes the same choice.
+    Every off-argmax token's gap is also given in bf16 ulps of the argmax logit (`gap_ulps`; see `judge`)."""
     import torch
     n = len(got["tokens"]); ids = prompt + got["tokens"]
-    lp = reference_logprobs(m, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]          # [n, V]
+    with torch.no_grad(): logits = m(torch.tensor([ids], device=device))[0][0, len(prompt) - 1: len(prompt) - 1 + n].float()   # [n, V]
+    lp = torch.log_softmax(logits, -1)                                                     # [n, V]
     out = {"prompt_len": len(prompt), **compare_lp(lp, got["tokens"], got["logprobs"], tie_nats, got.get("topk"))}
+    out["gap_ulps"] = {k: round(g / bf16_ulp(float(logits[int(k)].max())), 3) for k, g in out["gaps"].items()}   # in bf16 ulps of the logit
     if m16 is not None:
         lp16 = reference_logprobs(m16, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]  # [n, V]
         am = lp16.argmax(-1)                                                               # [n]
         ref16 = compare_lp(lp, am.tolist(), lp16.gather(1, am[:, None])[:, 0].tolist(), tie_nats,
                            [{j: float(lp16[i, int(j)]) for j in got["topk"][i]} for i in range(n)] if got.get("topk") else None)
+        flips = [i for i in out["mismatches"] if int(am[i]) == got["tokens"][i]]   # the bf16 reference picks vLLM's token there too
+        if flips: out["mismatches"], out["bf16_flips"] = [i for i in out["mismatches"] if i not in flips], flips
         dl16 = (lp16 - lp).gather(1, torch.tensor(got["tokens"], device=lp.device)[:, None]).abs()   # [n, 1]
         out["noise_floor_bf16_reference"] = {"mismatches": len(ref16["mismatches"]), "mean_abs_dlogprob": float(dl16.mean()),
                                              "max_abs_dlogprob": float(dl16.max()),
@@ -286,13 +303,20 @@ SLICE_CASES = ("compressed-tensors:eager:bfloat16", "compressed-tensors:graphs:b
 
 def judge(case: str, dtype: str, cmps: list, a) -> list:
     """Failure lines for one case. Tokens: every vLLM token is the fp32 reference's argmax on vLLM's own sequence
-    (near-ties below --tie-nats apart; with the tiny checkpoint's successor map the smallest margin is ~2 nats).
+    (near-ties below --tie-nats apart; in a bf16 case also the bf16 reference's own flips on the same sequence, and
+    tokens whose fp32 logit is within `BF16_TIE_ULPS` bf16 ulps of the argmax's: the engine's logits are bf16, and each
+    of the two carries up to half an ulp of output rounding on top of its upstream bf16 error; on the trained weights
+    every divergence of the first GPU run sat at 0.85-1.37 ulps, while 311-313 of each run's 320 positions have
+    margins of 2 ulps or more. With the random tiny checkpoint's successor map the smallest margin is ~2 nats).
     Logprobs, over vLLM's top-k tokens at every position: fp32 max |dlogprob| <= --logprob-tol and mean <= --logprob-mean-tol;
     bf16 mean |dlogprob| <= --noise-factor x the bf16 reference's own deviation + 0.01 (dropping the beta doubling
     moves it ~3.5x)."""
     fails = []
     for i, c in enumerate(cmps):
-        if c["mismatches"]: fails.append(f"{case} seq {i}: tokens differ from the fp32 reference's argmax at {c['mismatches']}")
+        bad = sorted(c["mismatches"] + (c.get("bf16_flips", []) if dtype == "float32" else []))   # an fp32 engine has no bf16 excuse
+        if dtype != "float32": bad = [j for j in bad if c.get("gap_ulps", {}).get(str(j), BF16_TIE_ULPS) >= BF16_TIE_ULPS]
+        if bad: fails.append(f"{case} seq {i}: tokens differ from the fp32 reference's argmax at {bad} "
+                             f"(fp32 gaps {[c.get('gaps', {}).get(str(j)) for j in bad]} nats)")
     if dtype == "float32":
         for i, c in enumerate(cmps):
             mx, mean = c.get("topk_max_abs_dlogprob", c["max_abs_dlogprob"]), c.get("topk_mean_abs_dlogprob", c["mean_abs_dlogprob"])
@@ -540,6 +564,7 @@ def main(argv: list | None = None) -> int:
         if "single" not in r: summary[case] = r; continue
         summary[case] = {"init_s": r["init_s"], "mismatches": sum(len(c["mismatches"]) for c in r["single"]),
                          "near_ties": sum(len(c["near_ties"]) for c in r["single"]),
+                         "bf16_flips": sum(len(c.get("bf16_flips", [])) for c in r["single"]),
                          "max_dlogprob": round(max(c["max_abs_dlogprob"] for c in r["single"]), 4),
                          "mean_dlogprob": round(sum(c["mean_abs_dlogprob"] for c in r["single"]) / len(r["single"]), 4),
                          "min_top2_margin": round(min(c["min_top2_margin"] for c in r["single"]), 3)}

@@ -47,7 +47,7 @@ logger = init_logger(__name__)
 __all__ = ['logger', 'NORM_PROBE_ENV', 'NORM_PROBE_COLS', 'KERNEL_LAUNCHERS', 'PLANTABLE_TRAPS', 'SolarOpen2Attention',
            'norm_probe_buffer', 'norm_probe_update', 'SolarOpen2DecoderLayer', 'SolarOpen2Model', 'model_options',
            'apply', 'launch_problems', 'worker_model', 'LaunchProbe', 'engine_checks', 'engine_start_check',
-           'SolarOpen2ForCausalLM', 'WeightLoadError', 'plant_trap']
+           'SolarOpen2ForCausalLM', 'WeightLoadError', 'unshared_w13_scales', 'plant_trap']
 
 # %% ../../nbs/08_vllm/07_model.ipynb #4076a839
 class SolarOpen2Attention(nn.Module):
@@ -408,7 +408,27 @@ def load_weights(self:SolarOpen2ForCausalLM, weights:Iterable[tuple[str, torch.T
         if unknown: msg.append(f"{len(unknown)} checkpoint tensor(s) the model does not know, e.g. {unknown[:6]}")
         if missing: msg.append(f"{len(missing)} parameter(s) the checkpoint did not fill, e.g. {missing[:6]}")
         raise WeightLoadError("Solar-Open2 plugin: " + "; ".join(msg))
+    for line in unshared_w13_scales(self):
+        logger.warning("solar_open2: %s: vLLM's own NVFP4 MoE backends fuse gate and up into w13 with the gate's global scale "
+                       "alone, so these experts' up projections come out scaled by that ratio (moe_backend=emulation applies "
+                       "both); a checkpoint for vLLM gives the pair one global scale, as llm-compressor writes it", line)
     return loaded
+
+# %% ../../nbs/08_vllm/07_model.ipynb #d7e2b002
+def unshared_w13_scales(model:nn.Module)->list:
+    "One line per MoE layer of `model` whose experts' gate and up global scales differ (`[E, 2]` as loaded)."
+    out = []
+    for name, m in model.named_modules():
+        g = getattr(m, "w13_weight_global_scale", None)                        # compressed-tensors; ModelOpt: w13_weight_scale_2
+        g = g if g is not None else getattr(m, "w13_weight_scale_2", None)
+        if not isinstance(g, torch.Tensor) or g.ndim != 2 or g.shape[-1] != 2 or g.device.type == "meta": continue
+        a, b = g[:, 0].float(), g[:, 1].float()                                # [E] gate, [E] up
+        bad = (a != b).nonzero().flatten()
+        if len(bad):
+            r = float(torch.maximum(a[bad] / b[bad], b[bad] / a[bad]).max())
+            out.append(f"{name}: {len(bad)} of {g.shape[0]} experts (first {int(bad[0])}) have gate and up global scales up to {r:.3g}x apart")
+    return out
+
 
 # %% ../../nbs/08_vllm/07_model.ipynb #7a9e0002
 PLANTABLE_TRAPS = ("beta_not_doubled", "gate_twice", "no_gqa_gate", "no_shared_expert")   # chapter `train`'s `TRAPS`
