@@ -179,3 +179,36 @@ def test_the_probe_flag_reaches_the_child_and_its_environment_name_is_the_plugin
     import inspect
     src = inspect.getsource(S.main)
     assert '["--norm-probe"] if a.norm_probe' in src and "NORM_PROBE_ENV" in src
+
+
+def test_a_divergence_within_two_bf16_ulps_is_a_near_tie_and_one_beyond_is_not():
+    "The spec gate shares parity's bf16 rule: a divergence whose fp32 gap is under BF16_TIE_ULPS ulps passes, one above fails."
+    from benchmarks.engine.parity import BF16_TIE_ULPS
+    d = lambda nats, ulps: {"runs": {"ct:eager:base": {"spec_single": {"draft_tokens": 0, "accepted_tokens": 0},
+                                                        "spec_batched": {"draft_tokens": 0, "accepted_tokens": 0}},
+                                     "ct:eager:ngram_k1": {"spec_single": {"draft_tokens": 10, "accepted_tokens": 4},
+                                                            "spec_batched": {"draft_tokens": 10, "accepted_tokens": 4},
+                                                            "reference": {"single": [{"mismatches": [], "near_ties": [],
+                                                                                      "divergence": {"position": 3, "token": 5, "base_token": 6,
+                                                                                                     "gap_nats": nats, "gap_ulps": ulps}}],
+                                                                          "batched": []}}},
+                            "tie_nats": 0.05}
+    assert S.judge(d(0.064, 1.02)) == []
+    assert len(S.judge(d(0.064, BF16_TIE_ULPS + 0.5))) == 1
+    assert S.judge(d(0.01, 9.0)) == []                                          # under tie_nats: a near-tie either way
+
+
+def test_explain_calls_a_token_within_two_ulps_a_near_tie():
+    "explain: a run token off the fp32 argmax is a near-tie when the two logits are under 2 bf16 ulps apart."
+    import torch
+    from benchmarks.engine.parity import bf16_ulp
+
+    class M:                                                                    # logits: token 7 at 13.10, token 8 at 13.05 (0.8 ulp)
+        def __call__(self, x):
+            n = x.shape[1]; lg = torch.zeros(1, n, 16); lg[..., 7] = 13.10; lg[..., 8] = 13.05; lg[..., 9] = 12.5
+            return lg, None
+    e = S.explain(M(), [1, 2], [8, 7], [7, 7], 0.01, "cpu")
+    assert e["mismatches"] == [] and e["near_ties"] == [0]
+    assert abs(e["divergence"]["gap_ulps"] - 0.05 / bf16_ulp(13.1)) < 1e-3
+    far = S.explain(M(), [1, 2], [9, 7], None, 0.01, "cpu")                     # 0.6 nats: 9.6 ulps
+    assert far["mismatches"] == [0]

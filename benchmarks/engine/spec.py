@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, source_digest
-from benchmarks.engine.parity import ENV, entry_point_shim, load_reference, plugin_entry_point, prompts_for
+from benchmarks.engine.parity import BF16_TIE_ULPS, ENV, entry_point_shim, load_reference, plugin_entry_point, prompts_for
 
 MODULE = "benchmarks.engine.spec"
 FORMATS = ("compressed-tensors", "bf16")
@@ -192,17 +192,23 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
 def explain(m, prompt: list, tokens: list, base: list | None, tie_nats: float, device: str = "cuda") -> dict:
     """One run's tokens for one prompt against the fp32 reference `m` (teacher-forced on the run's own sequence): the
     positions whose token is not the reference's argmax (`mismatches`; `near_ties` where the argmax leads by less than
-    `tie_nats`), and where the run first leaves the non-speculative run's `base` tokens, the reference's log-probs of the
+    `tie_nats` or by less than `parity.BF16_TIE_ULPS` bf16 ulps of its logit: every engine here computes in bf16), and where the run first leaves the non-speculative run's `base` tokens, the reference's log-probs of the
     two tokens there (same prefix up to that position)."""
     import torch
-    from benchmarks.engine.parity import compare_lp, reference_logprobs
-    lp = reference_logprobs(m, prompt + tokens, device)[len(prompt) - 1: len(prompt) - 1 + len(tokens)]   # [n, V]
-    c = compare_lp(lp, tokens, [0.0] * len(tokens), tie_nats)
-    out = {"mismatches": c["mismatches"], "near_ties": c["near_ties"], "divergence": None}
+    from benchmarks.engine.parity import BF16_TIE_ULPS, bf16_ulp, compare_lp
+    n = len(tokens)
+    with torch.no_grad(): logits = m(torch.tensor([prompt + tokens], device=device))[0][0, len(prompt) - 1: len(prompt) - 1 + n].float()   # [n, V]
+    lp = torch.log_softmax(logits, -1)                                                     # [n, V]
+    ulps = lambda j, g: g / bf16_ulp(float(logits[j].max()))                              # a gap in bf16 ulps of the top logit
+    c = compare_lp(lp, tokens, [0.0] * n, tie_nats)
+    bf16_ties = [j for j in c["mismatches"] if ulps(j, c["gaps"][str(j)]) < BF16_TIE_ULPS]   # the engines' logits are bf16
+    out = {"mismatches": [j for j in c["mismatches"] if j not in bf16_ties], "near_ties": c["near_ties"] + bf16_ties,
+           "divergence": None}
     if base is not None and base != tokens:
         j = next(t for t, (x, y) in enumerate(zip(tokens, base)) if x != y)
+        gap = abs(float(lp[j, tokens[j]] - lp[j, base[j]]))
         out["divergence"] = {"position": j, "token": tokens[j], "base_token": base[j], "logprob": float(lp[j, tokens[j]]),
-                             "base_logprob": float(lp[j, base[j]]), "gap_nats": abs(float(lp[j, tokens[j]] - lp[j, base[j]])),
+                             "base_logprob": float(lp[j, base[j]]), "gap_nats": gap, "gap_ulps": round(ulps(j, gap), 3),
                              "argmax": int(torch.argmax(lp[j]))}
     return out
 
@@ -240,7 +246,8 @@ def rejudge(a) -> int:
 
 
 GATE_RULE = ("a speculative run passes when, for every prompt, alone and batched, its tokens equal the non-speculative "
-             "run's, or first leave them at a near-tie (the fp32 reference's log-probs of the two tokens within tie_nats: "
+             "run's, or first leave them at a near-tie (the fp32 reference's log-probs of the two tokens within tie_nats, or "
+             "within parity.BF16_TIE_ULPS bf16 ulps of the top logit: "
              "bf16 rounding of a verify and of a one-token step may pick either, as eager and CUDA graphs may), and every "
              "token it chose is the reference's argmax on its own sequence but at near-ties; and it proposed drafts and "
              "rejected at least one")
@@ -282,7 +289,7 @@ def judge(report: dict) -> list:
             for i, e in enumerate((r.get("reference") or {}).get(part, [])):
                 if e["mismatches"]: fails.append(f"{key}: {part} prompt {i}: tokens off the fp32 reference's argmax at {e['mismatches']}")
                 d = e["divergence"]
-                if d and d["gap_nats"] >= report.get("tie_nats", 0.05):
+                if d and d["gap_nats"] >= report.get("tie_nats", 0.05) and d.get("gap_ulps", BF16_TIE_ULPS) >= BF16_TIE_ULPS:
                     fails.append(f"{key}: {part} prompt {i}: leaves the non-speculative tokens at {d['position']} "
                                  f"({d['token']} for {d['base_token']}), {d['gap_nats']:.3f} nats apart: not a near-tie")
         if name == "base": continue
