@@ -92,7 +92,9 @@ def test_the_plan_runs_baselines_first_and_only_what_is_asked():
     runs = S.plan(["compressed-tensors", "bf16"], ["eager", "graphs"], [1, 3, 5], "eagle3", Path("/d"))
     keys = [":".join(r[:3]) for r in runs]
     assert keys[:4] == ["compressed-tensors:eager:base", "compressed-tensors:graphs:base", "bf16:eager:base", "bf16:graphs:base"]
-    assert len(keys) == 4 + 2 * (2 * 4) + 2 * 2                                  # 3 ngram + eagle per mode; 2 more in graphs
+    assert len(keys) == 4 + 2 * (2 * 4) + 2 * 3                                  # 3 ngram + eagle per mode; 3 more in graphs
+    assert {k.split(":")[2] for k in keys if k.endswith("_full")} == {"eagle3_dummy_full", "eagle3_k3_full", "ngram_k3_full"}
+    assert [r[3]["method"] for r in runs if r[2] == "ngram_k3_full"] == ["ngram"] * 2
     assert {r[4] for r in runs if r[2].endswith("_full")} == {"FULL_AND_PIECEWISE"} and {r[4] for r in runs if r[2] == "eagle3_dummy"} == {None}
     only = S.plan(["bf16"], ["eager", "graphs"], [3], "eagle3", Path("/d"), ["bf16:graphs:eagle3_k3_full"])
     assert [":".join(r[:3]) for r in only] == ["bf16:graphs:base", "bf16:graphs:eagle3_k3_full"]

@@ -170,13 +170,17 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
     """(format, mode, name, speculative_config or None, cudagraph_mode or None) of every engine, baselines first. In
     graphs mode the plugin asks for piecewise graphs when speculation is on (`spec_graphs_guard`); the draft head also
     runs with full graphs asked for explicitly (`eagle3_dummy_full`, and with 3 draft tokens `eagle3_k3_full`, through the
-    option `spec_full_graphs`), the mode that was wrong batched in runs 1-3. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
+    option `spec_full_graphs`), the mode that was wrong batched in runs 1-3 and hit an illegal memory access in the probe
+    run, only where a batch is padded to a capture size; `ngram_k3_full` asks for the same graphs with no draft model,
+    which tells the target's verify from the drafter. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
     (and their baselines)."""
     runs = [(f, m, "base", None, None) for f in formats for m in modes]
     for f in formats:
         for m in modes:
-            runs += [(f, m, f"ngram_k{k}", {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
-                                             "prompt_lookup_min": 2}, None) for k in ks]
+            ngram = lambda k: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+            runs += [(f, m, f"ngram_k{k}", ngram(k), None) for k in ks]
+            if m == "graphs":                                                  # the full-graph fault without a draft model:
+                runs.append((f, m, "ngram_k3_full", ngram(3), "FULL_AND_PIECEWISE"))   # the target's verify, or the drafter?
             if draft == "eagle3":
                 eagle = lambda k: {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
                 runs.append((f, m, "eagle3_dummy", eagle(PUBLISHED_BLOCK), None))

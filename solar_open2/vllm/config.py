@@ -85,8 +85,9 @@ def refuse_speculative(vllm_config)->None:
 
 def spec_graphs_guard(vllm_config, opts)->bool:
     """With a speculative config and the option `spec_full_graphs` off, run piecewise CUDA graphs: verifies of several
-    requests in one full graph gave wrong tokens on the H100 (vLLM 0.25.1, 2026-12-06, runs 2 and 3; one request alone
-    and piecewise graphs were right). vLLM's default mode and any mode with full graphs, asked for or not, become
+    requests in one full graph gave wrong tokens on the H100 (vLLM 0.25.1, 2026-12-06, runs 2 and 3), and an illegal
+    memory access in a later run, each time only where the batch was padded up to a capture size (one request alone
+    fills a size exactly and was right; piecewise graphs were right). vLLM's default mode and any mode with full graphs, asked for or not, become
     PIECEWISE, with a warning that names the mode asked for; NONE and PIECEWISE stay. Whether it changed the mode."""
     cc = getattr(vllm_config, "compilation_config", None)
     if getattr(vllm_config, "speculative_config", None) is None or opts.spec_full_graphs or cc is None: return False
