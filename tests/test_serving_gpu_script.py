@@ -140,7 +140,8 @@ def test_checks_script_tail_and_slice_jobs_run_the_parity_script_as_documented(t
 
 def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisions(tmp_path):
     """checks.sh with TOGETHER=1: parity runs its eager and its graphs engines as two reports (each with the sharing
-    options and PARITY_ARGS), tail its TF32 and IEEE engines at once; every engine is started exactly once."""
+    options and PARITY_ARGS), tail its TF32 and IEEE engines at once; every engine is started exactly once. Alone,
+    parity is one report over all four cases."""
     site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
     log = tmp_path / "calls.txt"
     fake = site / "bin" / "python3"
@@ -161,6 +162,13 @@ def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisi
         assert line.endswith("--kv-cache-memory-bytes 2147483648 --traps"), line
     assert sorted(c.split()[0] for c in calls if "--long" in c) == ["F32=ieee", "F32=tf32"]
     for j in ("parity-eager", "parity-graphs", "tail-tf32", "tail-ieee"): assert f"== {j}: exit 0" in r.stdout, r.stdout
+    log.unlink()                                                                 # alone: one report over the four cases
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "parity"], capture_output=True, text=True,
+                       env={**env, "TOGETHER": "0", "PARITY_ARGS": ""})
+    assert r.returncode == 0 and "== parity: exit 0" in r.stdout, r.stderr
+    assert log.read_text().splitlines() == [
+        "F32=unset -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 "
+        f"bf16:eager:bfloat16 bf16:graphs:bfloat16 --out {tmp_path}/out/parity --name gpu_parity_vllm_9.9.9 --deadline-s 77"]
 
 
 def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):

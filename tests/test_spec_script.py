@@ -1,6 +1,6 @@
 """The speculative-decoding GPU script (`benchmarks.engine.spec`) on the CPU: the draft head it writes is one vLLM builds
 and loads with every weight, the taps scale the published head's, and its gate fails what it must fail."""
-import copy, json, tempfile
+import copy, json, os, tempfile
 from pathlib import Path
 
 import pytest
@@ -174,13 +174,20 @@ def test_norm_findings_name_the_first_broken_layer_and_the_outsized_ones():
     assert f["ct:graphs:base:batched"]["outsized"] == []
 
 
-def test_the_probe_flag_reaches_the_child_and_its_environment_name_is_the_plugins():
+def test_the_probe_flag_reaches_the_child_and_its_environment_name_is_the_plugins(monkeypatch):
+    "--norm-probe: each child is started with the flag and the plugin's environment variable; without it, neither."
+    import argparse
+    monkeypatch.delenv(S.NORM_PROBE_ENV, raising=False)
+    for on in (True, False):
+        a = argparse.Namespace(tokens=8, weights="trained", norm_probe=on)
+        cmd = S.child_command(a, Path("/ck"), "graphs", Path("/o.json"), {"method": "ngram"}, "FULL_AND_PIECEWISE")
+        assert ("--norm-probe" in cmd) is on and cmd[cmd.index("--child-mode") + 1] == "graphs"
+        assert cmd[-2:] == ["--child-cudagraph-mode", "FULL_AND_PIECEWISE"]
+        env = S.child_env(a, ["/shim"])
+        assert (env.get(S.NORM_PROBE_ENV) == "1") is on and env["PYTHONPATH"].split(os.pathsep)[0] == "/shim"
     pytest.importorskip("vllm")
     from solar_open2.vllm.model import NORM_PROBE_ENV
     assert S.NORM_PROBE_ENV == NORM_PROBE_ENV
-    import inspect
-    src = inspect.getsource(S.main)
-    assert '["--norm-probe"] if a.norm_probe' in src and "NORM_PROBE_ENV" in src
 
 
 def test_a_divergence_within_two_bf16_ulps_is_a_near_tie_and_one_beyond_is_not():

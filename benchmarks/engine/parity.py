@@ -221,12 +221,18 @@ def load_reference(ckpt_dir: Path, device: str, dtype: str = "float32", cache_ex
     return SolarOpen2ForCausalLM.from_pretrained(ckpt_dir, dtype=getattr(torch, dtype), device=device, cache_experts=cache_experts)
 
 
-def reference_logprobs(m, ids: list, device: str):
-    "log-softmax over the vocabulary at every position of `ids` (one full-sequence forward): [T, V] fp32."
+def reference_logits(m, ids: list, device: str):
+    "The logits at every position of `ids` (one full-sequence forward): [T, V] fp32."
     import torch
     with torch.no_grad():
         logits, _ = m(torch.tensor([ids], device=device))                     # [1, T, V]
-        return torch.log_softmax(logits[0].float(), -1)
+        return logits[0].float()
+
+
+def reference_logprobs(m, ids: list, device: str):
+    "log-softmax over the vocabulary at every position of `ids` (one full-sequence forward): [T, V] fp32."
+    import torch
+    return torch.log_softmax(reference_logits(m, ids, device), -1)
 
 
 BF16_TIE_ULPS = 2.0   # a bf16 engine's logits are bf16: a top-2 gap under this many bf16 ulps of the logit is a near-tie
@@ -238,9 +244,16 @@ def bf16_ulp(x: float) -> float:
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
 
 
-def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | None = None) -> dict:
+def bf16_tie(c: dict, j: int) -> bool:
+    "Whether the off-argmax token at position `j` of a comparison `c` (`compare_lp` with logits) is under `BF16_TIE_ULPS` ulps."
+    return c.get("gap_ulps", {}).get(str(j), BF16_TIE_ULPS) < BF16_TIE_ULPS
+
+
+def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | None = None, logits=None) -> dict:
     """Per position: is `tokens[i]` the argmax of the reference log-probs `lp` [n, V] (near-ties apart), |dlogprob| of
-    the chosen token, and with `topk` (vLLM's {token id: logprob} per position) |dlogprob| over those tokens."""
+    the chosen token, and with `topk` (vLLM's {token id: logprob} per position) |dlogprob| over those tokens. Each
+    off-argmax token's gap below the argmax, in nats (`gaps`) and, given the reference `logits` [n, V], in bf16 ulps of
+    the argmax logit (`gap_ulps`, for `bf16_tie`)."""
     top2 = lp.topk(2, -1)
     mism, ties, dlp, dk = [], [], [], []
     for i, t in enumerate(tokens):
@@ -254,6 +267,7 @@ def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | N
            "max_abs_dlogprob": max(dlp), "mean_abs_dlogprob": sum(dlp) / len(dlp),
            "min_top2_margin": float((top2.values[:, 0] - top2.values[:, 1]).min())}
     if topk: out.update(topk_max_abs_dlogprob=max(dk), topk_mean_abs_dlogprob=sum(dk) / len(dk))
+    if logits is not None: out["gap_ulps"] = {k: round(g / bf16_ulp(float(logits[int(k)].max())), 3) for k, g in out["gaps"].items()}
     return out
 
 
@@ -266,10 +280,9 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
     Every off-argmax token's gap is also given in bf16 ulps of the argmax logit (`gap_ulps`; see `judge`)."""
     import torch
     n = len(got["tokens"]); ids = prompt + got["tokens"]
-    with torch.no_grad(): logits = m(torch.tensor([ids], device=device))[0][0, len(prompt) - 1: len(prompt) - 1 + n].float()   # [n, V]
+    logits = reference_logits(m, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]       # [n, V]
     lp = torch.log_softmax(logits, -1)                                                     # [n, V]
-    out = {"prompt_len": len(prompt), **compare_lp(lp, got["tokens"], got["logprobs"], tie_nats, got.get("topk"))}
-    out["gap_ulps"] = {k: round(g / bf16_ulp(float(logits[int(k)].max())), 3) for k, g in out["gaps"].items()}   # in bf16 ulps of the logit
+    out = {"prompt_len": len(prompt), **compare_lp(lp, got["tokens"], got["logprobs"], tie_nats, got.get("topk"), logits)}
     if m16 is not None:
         lp16 = reference_logprobs(m16, ids, device)[len(prompt) - 1: len(prompt) - 1 + n]  # [n, V]
         am = lp16.argmax(-1)                                                               # [n]
@@ -314,7 +327,7 @@ def judge(case: str, dtype: str, cmps: list, a) -> list:
     fails = []
     for i, c in enumerate(cmps):
         bad = sorted(c["mismatches"] + (c.get("bf16_flips", []) if dtype == "float32" else []))   # an fp32 engine has no bf16 excuse
-        if dtype != "float32": bad = [j for j in bad if c.get("gap_ulps", {}).get(str(j), BF16_TIE_ULPS) >= BF16_TIE_ULPS]
+        if dtype != "float32": bad = [j for j in bad if not bf16_tie(c, j)]
         if bad: fails.append(f"{case} seq {i}: tokens differ from the fp32 reference's argmax at {bad} "
                              f"(fp32 gaps {[c.get('gaps', {}).get(str(j)) for j in bad]} nats)")
     if dtype == "float32":

@@ -199,20 +199,19 @@ def explain(m, prompt: list, tokens: list, base: list | None, tie_nats: float, d
     `tie_nats` or by less than `parity.BF16_TIE_ULPS` bf16 ulps of its logit: every engine here computes in bf16), and where the run first leaves the non-speculative run's `base` tokens, the reference's log-probs of the
     two tokens there (same prefix up to that position)."""
     import torch
-    from benchmarks.engine.parity import BF16_TIE_ULPS, bf16_ulp, compare_lp
+    from benchmarks.engine.parity import bf16_tie, bf16_ulp, compare_lp, reference_logits
     n = len(tokens)
-    with torch.no_grad(): logits = m(torch.tensor([prompt + tokens], device=device))[0][0, len(prompt) - 1: len(prompt) - 1 + n].float()   # [n, V]
+    logits = reference_logits(m, prompt + tokens, device)[len(prompt) - 1: len(prompt) - 1 + n]   # [n, V]
     lp = torch.log_softmax(logits, -1)                                                     # [n, V]
-    ulps = lambda j, g: g / bf16_ulp(float(logits[j].max()))                              # a gap in bf16 ulps of the top logit
-    c = compare_lp(lp, tokens, [0.0] * n, tie_nats)
-    bf16_ties = [j for j in c["mismatches"] if ulps(j, c["gaps"][str(j)]) < BF16_TIE_ULPS]   # the engines' logits are bf16
+    c = compare_lp(lp, tokens, [0.0] * n, tie_nats, logits=logits)
+    bf16_ties = [j for j in c["mismatches"] if bf16_tie(c, j)]                             # the engines' logits are bf16
     out = {"mismatches": [j for j in c["mismatches"] if j not in bf16_ties], "near_ties": c["near_ties"] + bf16_ties,
            "divergence": None}
     if base is not None and base != tokens:
         j = next(t for t, (x, y) in enumerate(zip(tokens, base)) if x != y)
         gap = abs(float(lp[j, tokens[j]] - lp[j, base[j]]))
         out["divergence"] = {"position": j, "token": tokens[j], "base_token": base[j], "logprob": float(lp[j, tokens[j]]),
-                             "base_logprob": float(lp[j, base[j]]), "gap_nats": gap, "gap_ulps": round(ulps(j, gap), 3),
+                             "base_logprob": float(lp[j, base[j]]), "gap_nats": gap, "gap_ulps": round(gap / bf16_ulp(float(logits[j].max())), 3),
                              "argmax": int(torch.argmax(lp[j]))}
     return out
 
@@ -306,6 +305,19 @@ def judge(report: dict) -> list:
     return fails
 
 
+def child_command(a, ck: Path, mode: str, outf: Path, spec: dict | None, cg: str | None) -> list:
+    "The command of one engine's child process, from the parent's arguments `a` (`--norm-probe` passed on)."
+    return ([sys.executable, "-m", MODULE, "--child-model", str(ck), "--child-mode", mode, "--child-out", str(outf),
+             "--tokens", str(a.tokens), "--weights", a.weights] + (["--norm-probe"] if a.norm_probe else [])
+            + (["--child-spec", json.dumps(spec)] if spec else []) + (["--child-cudagraph-mode", cg] if cg else []))
+
+
+def child_env(a, paths: list) -> dict:
+    "The children's environment: this one, parity's `ENV`, `paths` first on PYTHONPATH, and the probe's variable with `--norm-probe`."
+    return {**os.environ, **ENV, **({NORM_PROBE_ENV: "1"} if a.norm_probe else {}),
+            "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+
+
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
@@ -339,7 +351,7 @@ def main(argv: list | None = None) -> int:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="solar_spec_"))
     installed = plugin_entry_point()
     paths = [str(ROOT)] + ([] if installed else [str(entry_point_shim(work / "shim"))])
-    env = {**os.environ, **ENV, **({NORM_PROBE_ENV: "1"} if a.norm_probe else {}), "PYTHONPATH": os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    env = child_env(a, paths)
     taps = scaled_taps(SolarOpen2Config.tiny().num_hidden_layers)
     draft_dir = work / "eagle3_draft"
     if a.draft == "eagle3": write_eagle3_draft(draft_dir, SolarOpen2Config.tiny(), taps)
@@ -363,10 +375,7 @@ def main(argv: list | None = None) -> int:
         ck = work / f"tiny_{fmt.replace('-', '_')}"; outf = work / f"{key.replace(':', '_')}.json"
         t = time.time()
         try:
-            r = subprocess.run([sys.executable, "-m", MODULE, "--child-model", str(ck), "--child-mode", mode, "--child-out", str(outf),
-                                "--tokens", str(a.tokens), "--weights", a.weights] + (["--norm-probe"] if a.norm_probe else []) + (["--child-spec", json.dumps(spec)] if spec else [])
-                               + (["--child-cudagraph-mode", cg] if cg else []),
-                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
+            r = subprocess.run(child_command(a, ck, mode, outf, spec, cg), env=env, cwd=ROOT, capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
             log = r.stdout + r.stderr; rc = r.returncode
         except subprocess.TimeoutExpired as e:
             log = str(e.stdout or "") + str(e.stderr or "") + "\n[gpu_spec: timed out]"; rc = 124

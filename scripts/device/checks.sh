@@ -80,16 +80,15 @@ run_one() {
               "${DYN_MEM[@]}" ;;
     parity) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"
             v=$(python3 -c 'import vllm; print(vllm.__version__)')
-            if [ "$TOGETHER" = 1 ]; then                                    # eager and graphs engines at once, a report each
-              for m in eager graphs; do
-                job "$j-$m" python3 -m benchmarks.engine.parity --cases compressed-tensors:$m:bfloat16 bf16:$m:bfloat16 \
-                  --out "$OUT/$j-$m" --name "gpu_parity_vllm_${v}_$m" --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" &
-              done; wait
-            else
-              job "$j" python3 -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 \
-                bf16:eager:bfloat16 bf16:graphs:bfloat16 --out "$OUT/$j" --name "gpu_parity_vllm_$v" \
-                --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}"
-            fi ;;
+            groups=("eager graphs"); [ "$TOGETHER" = 1 ] && groups=(eager graphs)  # TOGETHER: the two modes at once, a report each
+            for g in "${groups[@]}"; do
+              cases=(); for m in $g; do cases+=(compressed-tensors:$m:bfloat16); done
+              for m in $g; do cases+=(bf16:$m:bfloat16); done
+              sfx=; [ ${#groups[@]} = 2 ] && sfx=-$g
+              job "$j$sfx" python3 -m benchmarks.engine.parity --cases "${cases[@]}" --out "$OUT/$j$sfx" \
+                --name "gpu_parity_vllm_$v${sfx/-/_}" --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" &
+              [ "$TOGETHER" = 1 ] || wait
+            done; wait ;;
     tail) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"                 # as Triton compiles fp32 dots (TF32), then in IEEE fp32
           for prec in tf32 ieee; do                                      # TOGETHER=1: both at once
             TRITON_F32_DEFAULT=$prec job "$j-$prec" python3 -m benchmarks.engine.parity --long --cases bf16:eager:float32 \

@@ -45,9 +45,9 @@ logger = init_logger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'NORM_PROBE_ENV', 'NORM_PROBE_COLS', 'KERNEL_LAUNCHERS', 'PLANTABLE_TRAPS', 'SolarOpen2Attention',
-           'norm_probe_buffer', 'norm_probe_update', 'SolarOpen2DecoderLayer', 'SolarOpen2Model', 'model_options',
-           'apply', 'launch_problems', 'worker_model', 'LaunchProbe', 'engine_checks', 'engine_start_check',
-           'SolarOpen2ForCausalLM', 'WeightLoadError', 'unshared_w13_scales', 'plant_trap']
+           'norm_probe_buffer', 'norm_probe_reset', 'norm_probe_update', 'SolarOpen2DecoderLayer', 'SolarOpen2Model',
+           'model_options', 'apply', 'launch_problems', 'worker_model', 'LaunchProbe', 'engine_checks',
+           'engine_start_check', 'SolarOpen2ForCausalLM', 'WeightLoadError', 'unshared_w13_scales', 'plant_trap']
 
 # %% ../../nbs/08_vllm/07_model.ipynb #4076a839
 class SolarOpen2Attention(nn.Module):
@@ -89,8 +89,11 @@ NORM_PROBE_COLS = ("calls", "h_absmax", "h_nonfinite", "residual_absmax", "resid
 def norm_probe_buffer(num_layers:int)->torch.Tensor|None:
     "The probe's table, [num_layers + 1, 6] fp32 (first_bad_call -1: none yet), when `NORM_PROBE_ENV` asks; else None."
     if os.environ.get(NORM_PROBE_ENV, "") != "1": return None
-    buf = torch.zeros(num_layers + 1, len(NORM_PROBE_COLS), dtype=torch.float32)
-    buf[:, 5] = -1
+    return norm_probe_reset(torch.empty(num_layers + 1, len(NORM_PROBE_COLS), dtype=torch.float32))
+
+def norm_probe_reset(buf:torch.Tensor)->torch.Tensor:
+    "Start the table `buf` afresh, in place (a captured graph keeps writing the same memory): zeros, first_bad_call -1."
+    buf.zero_(); buf[:, 5] = -1
     return buf
 
 def norm_probe_update(h:torch.Tensor, # [T, hidden] a layer's output
@@ -252,7 +255,7 @@ class LaunchProbe:
         buf = getattr(getattr(worker_model(self), "model", None), "norm_probe", None)
         if buf is None: return None
         out = {"cols": list(NORM_PROBE_COLS), "rows": buf.tolist()}
-        if reset: buf.zero_(); buf[:, 5] = -1
+        if reset: norm_probe_reset(buf)
         return out
 
 # %% ../../nbs/08_vllm/07_model.ipynb #5e1f0102
