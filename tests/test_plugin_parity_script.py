@@ -72,6 +72,8 @@ def test_topk_logprobs_and_judge():
     off = {**got, "topk": [{j: v + (0.3 if k == 3 else 0.0) for k, (j, v) in enumerate(d.items())} for d in topk]}
     c2 = gp.compare(m, prompt, off, "cpu", 0.05, m16)
     assert any("max |dlogprob|" in f for f in gp.judge("x", "float32", [c2], a))
+    w = c2["topk_worst"]                                       # the planted entry is named: position, token, both logprobs
+    assert abs(w["logprob"] - w["reference_logprob"] - 0.3) < 1e-3 and list(topk[w["position"]])[3] == w["token"]
     far = {**got, "topk": [{j: v + 1.0 for j, v in d.items()} for d in topk]}
     assert gp.judge("x", "bfloat16", [gp.compare(m, prompt, far, "cpu", 0.05, m16)], a)
     wrong = {**got, "tokens": toks[:1] + [int(lp[1].argmin())] + toks[2:]}

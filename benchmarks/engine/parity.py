@@ -260,13 +260,16 @@ def compare_lp(lp, tokens: list, logprobs: list, tie_nats: float, topk: list | N
         dlp.append(abs(logprobs[i] - float(lp[i, t])))
         if t != int(top2.indices[i, 0]):
             (ties if float(top2.values[i, 0] - lp[i, t]) < tie_nats else mism).append(i)
-        if topk: dk += [abs(v - float(lp[i, int(j)])) for j, v in topk[i].items()]
+        if topk: dk += [(abs(v - float(lp[i, int(j)])), i, int(j), v) for j, v in topk[i].items()]
     div = min(mism + ties) if mism + ties else None
     out = {"mismatches": mism, "near_ties": ties, "first_divergence": div,
            "gaps": {str(i): round(float(top2.values[i, 0] - lp[i, tokens[i]]), 4) for i in mism + ties},   # fp32 nats below the argmax
            "max_abs_dlogprob": max(dlp), "mean_abs_dlogprob": sum(dlp) / len(dlp),
            "min_top2_margin": float((top2.values[:, 0] - top2.values[:, 1]).min())}
-    if topk: out.update(topk_max_abs_dlogprob=max(dk), topk_mean_abs_dlogprob=sum(dk) / len(dk))
+    if topk:
+        d, i, j, v = max(dk)                                 # the worst top-k entry: where it is and how unlikely the token is
+        out.update(topk_max_abs_dlogprob=d, topk_mean_abs_dlogprob=sum(e[0] for e in dk) / len(dk),
+                   topk_worst={"position": i, "token": j, "logprob": round(v, 4), "reference_logprob": round(float(lp[i, j]), 4)})
     if logits is not None: out["gap_ulps"] = {k: round(g / bf16_ulp(float(logits[int(k)].max())), 3) for k, g in out["gaps"].items()}
     return out
 
