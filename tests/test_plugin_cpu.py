@@ -639,6 +639,55 @@ def test_graph_padding_tokens_leave_the_op_as_zeros(spec_bench, step):
     else: assert rel_rms(outs[1][:real], outs[0]) <= 1e-6                        # the projections ran at another batch size
 
 
+def test_a_full_graph_replay_of_a_padded_verify_batch_equals_the_unpadded_batch(spec_bench):
+    """A full CUDA graph keeps what its capture saw: the metadata's ints (4 verifies, 16 tokens, from vLLM's
+    `build_for_cudagraph_capture`) and the addresses of the builder's persistent buffers, which the replay's `build`
+    refills (3 real verifies, the 4th a padding request on the null block with no tokens). The op run on the capture's
+    metadata after the replay's build (what the graph computes) equals the unpadded step eagerly: outputs, every state
+    slot, the null block untouched, zeros on the padding tokens. So the KDA op is not what faults in the GPU's
+    full-graph batched verifies (chapter vllm/model)."""
+    from unittest import mock as _m
+    import vllm.utils.torch_utils as tu, vllm.v1.attention.backends.utils as bu
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from solar_open2.vllm.testing import _bench_builder, _step_extras
+    b, K = spec_bench, 3
+    builder, _ = _bench_builder(b.vc, K)
+    def common(ql, done, rows, T):                                              # the runner's per-step metadata
+        ql, done = torch.tensor(ql, dtype=torch.int32), torch.tensor(done, dtype=torch.int32)
+        qsl = torch.zeros(len(ql) + 1, dtype=torch.int32); qsl[1:] = ql.cumsum(0)            # [reqs + 1]
+        return CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=done + ql, num_reqs=len(ql),
+            num_actual_tokens=T, max_query_len=int(ql.max()), max_seq_len=int((done + ql).max()),
+            block_table_tensor=torch.tensor(rows, dtype=torch.int32), slot_mapping=torch.zeros(T, dtype=torch.int64),
+            **_step_extras(CommonAttentionMetadata, ql, done, [K] * len(ql)))
+    R, T = 4, 4 * (K + 1)
+    rows = [[1 + 4 * r + i for i in range(4)] for r in range(R)]                # [R, 1 + K] slots
+    nacc, drafts = torch.tensor([2, 1, 3, 1], dtype=torch.int32), torch.tensor([K, K, K, -1], dtype=torch.int32)
+    layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", slots=1 + 4 * R)
+    torch.manual_seed(5)
+    for t in layer.kv_cache: t.normal_()
+    start = [t.clone() for t in layer.kv_cache]
+    x = torch.randn(T, 256)                                                     # [16, hidden]: 12 real tokens, 4 padding
+    with _m.patch.object(tu, "PIN_MEMORY", False), _m.patch.object(bu, "PIN_MEMORY", False), \
+         _m.patch.object(builder, "use_full_cuda_graph", True):
+        cap = builder.build_for_cudagraph_capture(common([K + 1] * R, [10] * R, rows, T))
+        builder.build(0, common([K + 1] * 3 + [0], [10] * 3 + [0], rows[:3] + [[0] * 4], T),
+                      num_accepted_tokens=nacc, num_decode_draft_tokens_cpu=drafts)             # the replay's step
+    assert (cap.num_spec_decodes, cap.num_actual_tokens) == (R, T)              # the ints the graph keeps
+    assert cap.spec_state_indices_tensor[3].tolist() == [0] * 4 and cap.spec_query_start_loc.tolist() == [0, 4, 8, 12, 12]
+    with torch.no_grad():
+        y = run_layer(layer, x, cap, b.vc)
+        graph = [t.clone() for t in layer.kv_cache]
+        for t, s0 in zip(layer.kv_cache, start): t.copy_(s0)
+        with _m.patch.object(tu, "PIN_MEMORY", False), _m.patch.object(bu, "PIN_MEMORY", False):
+            eager = builder.build(0, common([K + 1] * 3, [10] * 3, rows[:3], 12), num_accepted_tokens=nacc[:3],
+                                  num_decode_draft_tokens_cpu=drafts[:3])
+        want = run_layer(layer, x[:12], eager, b.vc)
+    assert torch.equal(y[:12], want) and (y[12:] == 0).all()
+    for g, e, s0 in zip(graph, layer.kv_cache, start):
+        assert torch.equal(g, e) and torch.equal(g[0], s0[0])                   # every slot as eager; the null block untouched
+        assert not torch.equal(g[1:13], s0[1:13])                               # the step did write the real requests' slots
+
+
 def test_spec_verify_through_the_recording_kernels(spec_bench):
     "A pure verify step calls the conv update and the recurrent kernel with the spec metadata, the gate once, and no prefill kernel."
     from solar_open2.vllm.testing import gdn_step

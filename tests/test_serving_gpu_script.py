@@ -136,6 +136,10 @@ def test_checks_script_tail_and_slice_jobs_run_the_parity_script_as_documented(t
         assert f"--name gpu_parity_tail_{prec}_vllm_9.9.9" in line and "--deadline-s 77" in line
     assert calls[2].startswith("F32=unset -m benchmarks.engine.parity --slice 2 ") and "gpu_parity_slice_vllm_9.9.9" in calls[2], calls[2]
     assert "== tail-tf32: exit 0" in r.stdout and "== tail-ieee: exit 0" in r.stdout and "== slice: exit 0" in r.stdout
+    log.unlink()                                                                # PARITY_ARGS reach the slice too
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "slice"], capture_output=True, text=True,
+                       env={**env, "PARITY_ARGS": "--moe-backend emulation"})
+    assert r.returncode == 0 and log.read_text().rstrip().endswith("--moe-backend emulation"), log.read_text()
 
 
 def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisions(tmp_path):

@@ -388,9 +388,30 @@ def judge_launches(key: str, launches) -> list:
     return [f"{key} rank {i}: {p}" for i, w in enumerate(launches) for p in launch_problems(w.get("applied") or {}, w.get("launches") or {})]
 
 
+def mode_divergences(eager: dict, graphs: dict, dtype: str) -> list:
+    """Where the eager and the CUDA-graph runs of one checkpoint and dtype (their `report["runs"]` records: `tokens`
+    and the `single` comparisons) part, per prompt: None where the tokens are the same, else the first position `p`
+    where they differ, which run left the fp32 argmax there (at least one did: both followed the same sequence up to
+    `p`) and its gap in bf16 ulps, and `excused`: a bf16 case where each run off the argmax at `p` is there by a near-tie
+    `judge` already excuses (`near_ties`, `bf16_flips`, under `BF16_TIE_ULPS`). Compiled and eager kernels round
+    differently, so on weights with near-ties (random real-shape slices: top-2 margins down to 0.002 nats) the two
+    modes may take different branches of a tie; an fp32 case, or a divergence where a run is off by more, is not excused."""
+    out = []
+    for te, tg, ce, cg in zip(eager["tokens"], graphs["tokens"], eager["single"], graphs["single"]):
+        if te == tg: out.append(None); continue
+        p = next((i for i, (x, y) in enumerate(zip(te, tg)) if x != y), min(len(te), len(tg)))
+        off = [(n, c) for n, c in (("eager", ce), ("graphs", cg)) if p in c["mismatches"] + c["near_ties"] + c.get("bf16_flips", [])]
+        ok = lambda c: p in c["near_ties"] or p in c.get("bf16_flips", []) or bf16_tie(c, p)
+        out.append({"first_divergence": p, "off_argmax": [n for n, _ in off],
+                     "gap_ulps": {n: c.get("gap_ulps", {}).get(str(p)) for n, c in off},
+                     "excused": dtype == "bfloat16" and bool(off) and all(ok(c) for _, c in off)})
+    return out
+
+
 def judge_run(key: str, r: dict, a) -> list:
     """Failure lines for one entry of `report["runs"]`: a case (`FORMAT:MODE:DTYPE`, its single and batched
-    comparisons, its workers' kernel launches) or an `...:eager_vs_graphs` record (identical tokens required)."""
+    comparisons, its workers' kernel launches) or an `...:eager_vs_graphs` record (identical tokens required, except
+    where `divergences` (`mode_divergences`) excuses a bf16 near-tie)."""
     if "single" in r:
         dtype = key.split(":")[2]
         fails = judge(key, dtype, r["single"], a) + judge(key + " (batched)", dtype, r["batched"], a)
@@ -398,8 +419,10 @@ def judge_run(key: str, r: dict, a) -> list:
         if r.get("behaviour_traps"): fails += judge_traps(key, r["behaviour_traps"])
         if r.get("launches") is not None: fails += judge_launches(key, r["launches"])
         return fails
-    same = r.get("same_tokens", [])
-    return [] if all(same) else [f"{key}: eager and CUDA graphs differ in tokens for prompts {[i for i, x in enumerate(same) if not x]}"]
+    same, div = r.get("same_tokens", []), r.get("divergences")
+    bad = [i for i, x in enumerate(same) if not x and not (div and div[i] and div[i]["excused"])]
+    return [] if not bad else [f"{key}: eager and CUDA graphs differ in tokens for prompts {bad}"
+                               + (f" (first divergences {[div[i]['first_divergence'] for i in bad]}, not bf16 near-ties)" if div else "")]
 
 
 def rejudge(a) -> int:
@@ -411,7 +434,11 @@ def rejudge(a) -> int:
     rep.update(logprob_tol=a.logprob_tol, logprob_mean_tol=a.logprob_mean_tol, noise_factor=a.noise_factor,
                min_recall=a.min_recall, min_facts=a.min_facts, behaviour_drop=a.behaviour_drop)
     fails = [f for f in rep.get("failures", []) if "vLLM run failed" in f or "not run" in f or "splitting ops" in f]
-    for key, r in rep["runs"].items(): fails += judge_run(key, r, a)
+    for key, r in rep["runs"].items():
+        fmt, dtype, what = (key.split(":") + ["", "", ""])[:3]
+        e, g = rep["runs"].get(f"{fmt}:eager:{dtype}"), rep["runs"].get(f"{fmt}:graphs:{dtype}")
+        if what == "eager_vs_graphs" and e and g: r["divergences"] = mode_divergences(e, g, dtype)   # from the stored cases
+        fails += judge_run(key, r, a)
     rep["failures"], rep["passed"] = fails, not fails
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{a.name}.json").write_text(json.dumps(rep, indent=1) + "\n")
@@ -569,7 +596,9 @@ def main(argv: list | None = None) -> int:
                       for j in p if j in q]
                 key = f"{fmt}:{dtype}:eager_vs_graphs"
                 report["runs"][key] = {"same_tokens": same, "max_abs_dlogprob": d,
-                                       "topk_max_abs_dlogprob": max(dk), "topk_mean_abs_dlogprob": sum(dk) / len(dk)}
+                                       "topk_max_abs_dlogprob": max(dk), "topk_mean_abs_dlogprob": sum(dk) / len(dk),
+                                       "divergences": mode_divergences(report["runs"][f"{fmt}:eager:{dtype}"],
+                                                                       report["runs"][f"{fmt}:graphs:{dtype}"], dtype)}
                 report["failures"] += judge_run(key, report["runs"][key], a)
         (Path(a.out) / f"{a.name}.json").write_text(json.dumps(report, indent=1) + "\n")   # partial results survive a kill
     report["wall_s"] = round(time.time() - t_start, 1)

@@ -22,7 +22,8 @@
 #                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls)
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
-#                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs)
+#                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs; PARITY_ARGS
+#                 as for parity, e.g. "--moe-backend emulation" for the plugin's MoE kernels, which vLLM's default backend skips)
 #   tail          the float32 tail at long prompts: the BF16 tiny checkpoint in float32, eager, prompts of 700 and 4,096
 #                 tokens (benchmarks.engine.parity --long --cases bf16:eager:float32; PARITY_ARGS as for parity), twice:
 #                 Triton's fp32 dots as it compiles them by default (TF32) and in IEEE fp32 (TRITON_F32_DEFAULT=ieee),
@@ -96,9 +97,10 @@ run_one() {
               --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" &
             [ "$TOGETHER" = 1 ] || wait
           done; wait ;;
-    slice) job "$j" python3 -m benchmarks.engine.parity --slice 2 --out "$OUT/$j" \
+    slice) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"               # e.g. "--moe-backend emulation": the MoE kernels too
+           job "$j" python3 -m benchmarks.engine.parity --slice 2 --out "$OUT/$j" \
              --name "gpu_parity_slice_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" --deadline-s "$DEADLINE_S" \
-             --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" ;;
+             --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" "${PARITY_EXTRA[@]}" ;;
     spec-rank)
       ab=(); for k in ${SPEC_KS:-0 1 3}; do
         if [ "$k" = 0 ]; then ab+=(--ab "k0="); else ab+=(--ab "k$k=--draft-head $k --spec-full-graphs"); fi
