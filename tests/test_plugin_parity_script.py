@@ -277,3 +277,15 @@ def test_the_committed_slice_run_parts_only_at_near_ties():
     assert [x["first_divergence"] for x in div if x] == [60, 39] and all(x["excused"] for x in div if x)
     assert gp.judge_run("compressed-tensors:bfloat16:eager_vs_graphs", {"same_tokens": [True, False, False, True]},
                         argparse.Namespace())                         # the old rule failed it
+
+
+def test_the_fp32_limits_pass_ieee_dots_and_fail_tf32_at_700_and_4k_tokens():
+    "The float32 tail (H100): the same engine and prompts with Triton's dots in IEEE fp32 pass FP32_*_TOL; in TF32 they fail, at both lengths."
+    from benchmarks import index
+    a = argparse.Namespace(logprob_tol=gp.FP32_MAX_TOL, logprob_mean_tol=gp.FP32_MEAN_TOL, noise_factor=2.0)
+    run = lambda f: json.loads(index.current(f).read_text())["runs"]["bf16:eager:float32"]
+    ieee, tf32 = run("gpu_parity_tail_ieee_h100.json"), run("gpu_parity_tail_tf32_h100_v2.json")
+    assert gp.judge_run("bf16:eager:float32", {k: ieee[k] for k in ("single", "batched")}, a) == []
+    fails = gp.judge_run("bf16:eager:float32", {k: tf32[k] for k in ("single", "batched")}, a)
+    assert {f.split(": ")[1] for f in fails} >= {"max |dlogprob| 0.3443 > 0.01", "max |dlogprob| 0.0195 > 0.01"}, fails
+    assert all(not c["mismatches"] for c in tf32["single"] + tf32["batched"])            # TF32 moved no chosen token

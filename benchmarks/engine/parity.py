@@ -34,10 +34,10 @@ engine also reports, per worker, which kernels the plugin gave the model and whi
 (`solar_open2.vllm.model.LaunchProbe`); a kernel given to some layer that never launched is a failure.
 
 Pass: every vLLM token is the reference's argmax (near-ties excepted); fp32 cases: top-20 max |dlogprob| <=
---logprob-tol (default 0.1 nats) and mean <= --logprob-mean-tol (0.05; measured 0.016, TF32 in the Triton kernels is
-the likely cause); bf16 cases: top-20 mean |dlogprob| within --noise-factor (2) x
-the bf16 reference's own deviation from fp32 on the same sequence + 0.01 (vLLM computes in bf16; NVFP4 runs through
-Marlin W4A16 on Hopper, i.e. the same dequantised weights); eager == graphs in tokens. The tiny checkpoint (version 2)
+--logprob-tol (`FP32_MAX_TOL`) and mean <= --logprob-mean-tol (`FP32_MEAN_TOL`); bf16 cases: top-20 mean |dlogprob|
+within --noise-factor (2) x the bf16 reference's own deviation from fp32 on the same sequence + 0.01 (vLLM computes in
+bf16; NVFP4 runs through Marlin W4A16 on Hopper, i.e. the same dequantised weights); eager == graphs in tokens, bf16
+near-ties apart (`mode_divergences`). The tiny checkpoint (version 2)
 has a successor map in its `lm_head` so that its top-2 margins are nats wide and BF16 rounding cannot flip a greedy
 token (chapter 06); on it, dropping the beta doubling moves the top-20 logprobs ~3.5x the BF16 noise. Writes
 `<name>.json` (default `gpu_parity.json`) and one engine log per run to --out (default: $OUT if set, else
@@ -234,6 +234,12 @@ def reference_logprobs(m, ids: list, device: str):
     import torch
     return torch.log_softmax(reference_logits(m, ids, device), -1)
 
+
+# fp32 engines (the plugin's `fp32_ieee_dots`: Triton's dots in IEEE fp32) against the fp32 reference differ by summation
+# order only: top-20 max 1e-4 and mean 1e-5 nats at 700 and 4,096-token prompts (H100, 2026-12-06). The limits leave
+# 100x for other GPUs and longer prompts and sit below what TF32 dots give (max 0.020-0.344, mean 0.0022-0.0038 on the
+# same prompts), so a TF32 dot brought back fails them.
+FP32_MAX_TOL, FP32_MEAN_TOL = 0.01, 0.001
 
 BF16_TIE_ULPS = 2.0   # a bf16 engine's logits are bf16: a top-2 gap under this many bf16 ulps of the logit is a near-tie
 
@@ -452,8 +458,8 @@ def main(argv: list | None = None) -> int:
                     help="FORMAT:MODE:DTYPE, format in compressed-tensors|modelopt|bf16, mode eager|graphs, dtype bfloat16|float32 "
                          f"(default: {' '.join(DEFAULT_CASES)}; with --slice: {' '.join(SLICE_CASES)})")
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--logprob-tol", type=float, default=0.1, help="fp32 cases: max |dlogprob| over the top-20 tokens")
-    ap.add_argument("--logprob-mean-tol", type=float, default=0.05, help="fp32 cases: mean |dlogprob| over the top-20 tokens")
+    ap.add_argument("--logprob-tol", type=float, default=FP32_MAX_TOL, help="fp32 cases: max |dlogprob| over the top-20 tokens")
+    ap.add_argument("--logprob-mean-tol", type=float, default=FP32_MEAN_TOL, help="fp32 cases: mean |dlogprob| over the top-20 tokens")
     ap.add_argument("--rejudge", metavar="JSON", help="re-apply the checks (current thresholds) to a saved report; no GPU")
     ap.add_argument("--noise-factor", type=float, default=2.0, help="bf16 cases: allowed multiple of the bf16 reference's deviation")
     ap.add_argument("--tie-nats", type=float, default=0.05)

@@ -4,15 +4,15 @@
 
 # %% ../../nbs/08_vllm/02_config.ipynb #638bf440
 from __future__ import annotations
-import dataclasses, logging
+import dataclasses, logging, os
 from fastcore.basics import patch
 from transformers import PretrainedConfig
 from ..config import SolarOpen2Config, REQUIRED_KEYS
 from .options import options_of
 
 # %% auto #0
-__all__ = ['SPEC_DECODE_ERROR', 'SolarOpen2HFConfig', 'solar_config_of', 'refuse_speculative', 'spec_graphs_guard',
-           'SolarOpen2ConfigHook']
+__all__ = ['F32_ENV', 'SPEC_DECODE_ERROR', 'SolarOpen2HFConfig', 'solar_config_of', 'fp32_dots', 'refuse_speculative',
+           'spec_graphs_guard', 'SolarOpen2ConfigHook']
 
 # %% ../../nbs/08_vllm/02_config.ipynb #ab45c962
 _SOLAR_FIELDS = tuple(f.name for f in dataclasses.fields(SolarOpen2Config) if f.name != "extra")
@@ -67,6 +67,25 @@ def solar_config_of(hf_config)->SolarOpen2Config:
     d.setdefault("torch_dtype", _dtype_name(d.pop("dtype", None)) or "bfloat16")
     return SolarOpen2Config.from_dict(d, source=f"{type(hf_config).__name__}")
 
+# %% ../../nbs/08_vllm/02_config.ipynb #991fdd24
+F32_ENV = "TRITON_F32_DEFAULT"
+
+def fp32_dots(vllm_config, # anything with `model_config.dtype` (absent: nothing to do)
+              opts, # its `Options`
+              environ=os.environ, # where to set it
+              gpu:bool|None=None, # whether the process has a CUDA device (None: ask torch); without one, Triton compiles nothing
+             )->str|None: # the value it set, or None
+    "For a float32 model with `fp32_ieee_dots` on, on a GPU: Triton's fp32 dots in IEEE fp32 (`TRITON_F32_DEFAULT=ieee`), unless `environ` names a precision already."
+    import torch
+    dtype = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
+    if not opts.fp32_ieee_dots or dtype != torch.float32 or environ.get(F32_ENV): return None
+    if not (torch.cuda.is_available() if gpu is None else gpu): return None
+    environ[F32_ENV] = "ieee"
+    logging.getLogger("solar_open2").info("solar_open2: float32 model: Triton's fp32 dots in IEEE fp32 (%s=ieee; "
+                                          "the option fp32_ieee_dots off keeps Triton's TF32)", F32_ENV)
+    return "ieee"
+
+
 # %% ../../nbs/08_vllm/02_config.ipynb #f6f8e8e4
 SPEC_DECODE_ERROR = ("Solar-Open2 (solar_open2 plugin): speculative method {method!r} is not supported: {why}. "
                      "Use a proposer that needs only the target's logits and hidden states (ngram, suffix, draft_model, "
@@ -102,11 +121,12 @@ def spec_graphs_guard(vllm_config, opts)->bool:
     return True
 
 class SolarOpen2ConfigHook:
-    "vLLM's per-architecture config hook (`MODELS_CONFIG_MAP`): refuse what the model cannot run, before workers start."
+    "vLLM's per-architecture config hook (`MODELS_CONFIG_MAP`): refuse what the model cannot run, and settle what workers inherit, before they start."
     @classmethod
     def verify_and_update_config(cls, vllm_config)->None:
         refuse_speculative(vllm_config)
         opts = options_of(vllm_config)                                        # an unknown or malformed option: a ValueError naming it
         spec_graphs_guard(vllm_config, opts)
+        fp32_dots(vllm_config, opts)                                          # before the workers start: they inherit it
     @classmethod
     def verify_and_update_model_config(cls, model_config)->None: return   # nothing to adjust in the ModelConfig

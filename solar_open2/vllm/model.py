@@ -32,7 +32,7 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from ..config import SolarOpen2Config, LINEAR
 from ..selfcheck import require_engine_ok
 from . import kda as _kda
-from .config import refuse_speculative, solar_config_of
+from .config import fp32_dots, refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, apply_kda, kda_fused_target, kda_state_copy_func, kda_state_dtype,
                                   kda_state_shape, load_kda_tensor)
 from .linear import pair_apply, use_gemv_kernels, use_gemv_pairs
@@ -296,6 +296,7 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsEagle, S
     def __init__(self, *, vllm_config:VllmConfig, prefix:str=""):
         super().__init__()
         refuse_speculative(vllm_config)
+        fp32_dots(vllm_config, options_of(vllm_config))                        # this worker, before its first compile
         if get_pp_group().world_size > 1: raise NotImplementedError("Solar-Open2 plugin: pipeline parallelism is not supported; use tensor parallelism")
         self.config = vllm_config.model_config.hf_config
         self.solar = config = solar_config_of(self.config)
