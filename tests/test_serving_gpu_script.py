@@ -118,24 +118,24 @@ def test_checks_script_refuses_timed_jobs_together_and_unknown_jobs(tmp_path):
 
 
 def test_checks_script_tail_and_slice_jobs_run_the_parity_script_as_documented(tmp_path):
-    "checks.sh tail: the long float32 parity twice (TF32, then IEEE fp32 dots); slice: the parity on a 2-layer real-shapes slice."
+    "checks.sh tail: the long float32 parity twice (TF32, then as the plugin sets the dots: the variable empty); slice: the parity on a 2-layer real-shapes slice."
     site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
     log = tmp_path / "calls.txt"
     fake = site / "bin" / "python3"                                             # checks.sh puts $SITE/bin first on PATH
     fake.write_text("#!/usr/bin/env bash\n"
                     "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
-                    f"echo \"F32=${{TRITON_F32_DEFAULT:-unset}} $*\" >> '{log}'\n")
+                    f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n")
     fake.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "77"}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "tail", "slice"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     calls = log.read_text().splitlines()
     assert len(calls) == 3, calls
-    for line, prec in zip(calls[:2], ("tf32", "ieee")):
-        assert line.startswith(f"F32={prec} -m benchmarks.engine.parity --long --cases bf16:eager:float32 "), line
+    for line, prec, f32 in zip(calls[:2], ("tf32", "plugin"), ("tf32", "")):   # the plugin half: set and empty, so fp32_ieee_dots decides
+        assert line.startswith(f"F32={f32} -m benchmarks.engine.parity --long --cases bf16:eager:float32 "), line
         assert f"--name gpu_parity_tail_{prec}_vllm_9.9.9" in line and "--deadline-s 77" in line
     assert calls[2].startswith("F32=unset -m benchmarks.engine.parity --slice 2 ") and "gpu_parity_slice_vllm_9.9.9" in calls[2], calls[2]
-    assert "== tail-tf32: exit 0" in r.stdout and "== tail-ieee: exit 0" in r.stdout and "== slice: exit 0" in r.stdout
+    assert "== tail-tf32: exit 0" in r.stdout and "== tail-plugin: exit 0" in r.stdout and "== slice: exit 0" in r.stdout
     log.unlink()                                                                # PARITY_ARGS reach the slice too
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "slice"], capture_output=True, text=True,
                        env={**env, "PARITY_ARGS": "--moe-backend emulation"})
@@ -151,7 +151,7 @@ def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisi
     fake = site / "bin" / "python3"
     fake.write_text("#!/usr/bin/env bash\n"
                     "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
-                    f"echo \"F32=${{TRITON_F32_DEFAULT:-unset}} $*\" >> '{log}'\n")
+                    f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n")
     fake.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "77", "TOGETHER": "1",
            "PARITY_ARGS": "--traps"}
@@ -164,8 +164,8 @@ def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisi
         line = next(c for c in par if f"--name gpu_parity_vllm_9.9.9_{m} " in c)
         assert f"--cases compressed-tensors:{m}:bfloat16 bf16:{m}:bfloat16 --out {tmp_path}/out/parity-{m} " in line, line
         assert line.endswith("--kv-cache-memory-bytes 2147483648 --traps"), line
-    assert sorted(c.split()[0] for c in calls if "--long" in c) == ["F32=ieee", "F32=tf32"]
-    for j in ("parity-eager", "parity-graphs", "tail-tf32", "tail-ieee"): assert f"== {j}: exit 0" in r.stdout, r.stdout
+    assert sorted(c.split()[0] for c in calls if "--long" in c) == ["F32=", "F32=tf32"]
+    for j in ("parity-eager", "parity-graphs", "tail-tf32", "tail-plugin"): assert f"== {j}: exit 0" in r.stdout, r.stdout
     log.unlink()                                                                 # alone: one report over the four cases
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "parity"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "0", "PARITY_ARGS": ""})

@@ -208,7 +208,8 @@ def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", 
             "launches": launches, "max_model_len": max_len,
             "block_size": cfg.cache_config.block_size, "splitting_ops": cfg.compilation_config.splitting_ops,
             "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode), "additional_config": cfg.additional_config,
-            "moe_backend": cfg.kernel_config.moe_backend, "architecture": cfg.model_config.architecture}
+            "moe_backend": cfg.kernel_config.moe_backend, "architecture": cfg.model_config.architecture,
+            "triton_f32_default": os.environ.get("TRITON_F32_DEFAULT")}   # as the launcher or the plugin's config hook left it
 
 
 # ---- parent: reference, comparisons -----------------------------------------------------------------------------
@@ -578,7 +579,7 @@ def main(argv: list | None = None) -> int:
         batched = [compare(m32, p, g, "cuda", a.tie_nats, m16_) for p, g in zip(ps, res["batched"])]
         same_batched = [g["tokens"] == b["tokens"] for g, b in zip(res["single"], res["batched"])]
         rec = {k: res.get(k) for k in ("init_s", "single_s", "wall_s", "block_size", "cudagraph_mode", "dtype", "additional_config", "moe_backend",
-                                       "architecture", "launches", "max_model_len")}
+                                       "architecture", "launches", "max_model_len", "triton_f32_default")}
         rec.update({"kda_op_splits_graphs": "vllm::solar_open2_kda_attention" in (res["splitting_ops"] or []),
                     "single": single, "batched": batched, "batched_equals_single": same_batched,
                     "tokens": [g["tokens"] for g in res["single"]]})

@@ -26,9 +26,10 @@
 #                 as for parity, e.g. "--moe-backend emulation" for the plugin's MoE kernels, which vLLM's default backend skips)
 #   tail          the float32 tail at long prompts: the BF16 tiny checkpoint in float32, eager, prompts of 700 and 4,096
 #                 tokens (benchmarks.engine.parity --long --cases bf16:eager:float32; PARITY_ARGS as for parity), twice:
-#                 Triton's fp32 dots as it compiles them by default (TF32) and in IEEE fp32 (TRITON_F32_DEFAULT=ieee),
-#                 into $OUT/tail-tf32/ and $OUT/tail-ieee/: whether TF32 in vLLM's FLA kernels is the tail (the two at
-#                 once when TOGETHER=1)
+#                 Triton's fp32 dots in TF32 (TRITON_F32_DEFAULT=tf32: the control, which fails the fp32 limits) and with
+#                 the variable empty, so that the plugin's fp32_ieee_dots sets IEEE fp32 (the report's
+#                 triton_f32_default says what the engine ran with), into $OUT/tail-tf32/ and $OUT/tail-plugin/ (the two
+#                 at once when TOGETHER=1)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -90,9 +91,10 @@ run_one() {
                 --name "gpu_parity_vllm_$v${sfx/-/_}" --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" &
               [ "$TOGETHER" = 1 ] || wait
             done; wait ;;
-    tail) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"                 # as Triton compiles fp32 dots (TF32), then in IEEE fp32
-          for prec in tf32 ieee; do                                      # TOGETHER=1: both at once
-            TRITON_F32_DEFAULT=$prec job "$j-$prec" python3 -m benchmarks.engine.parity --long --cases bf16:eager:float32 \
+    tail) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"                 # Triton's fp32 dots in TF32, then as the plugin sets them
+          for prec in tf32 plugin; do                                    # TOGETHER=1: both at once
+            f32=$prec; [ "$prec" = plugin ] && f32=                      # unset: the plugin's fp32_ieee_dots decides (IEEE)
+            TRITON_F32_DEFAULT=$f32 job "$j-$prec" python3 -m benchmarks.engine.parity --long --cases bf16:eager:float32 \
               --out "$OUT/$j-$prec" --name "gpu_parity_tail_${prec}_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${TINY_MEM[@]}" "${PARITY_EXTRA[@]}" &
             [ "$TOGETHER" = 1 ] || wait
