@@ -644,7 +644,8 @@ def test_a_full_graph_replay_of_a_padded_verify_batch_equals_the_unpadded_batch(
     `build_for_cudagraph_capture`) and the addresses of the builder's persistent buffers, which the replay's `build`
     refills (3 real verifies, the 4th a padding request on the null block with no tokens). The op run on the capture's
     metadata after the replay's build (what the graph computes) equals the unpadded step eagerly: outputs, every state
-    slot, the null block untouched, zeros on the padding tokens. So the KDA op is not what faults in the GPU's
+    slot, the null block untouched, zeros on the padding tokens (the recurrent kernel leaves them NaN, as `empty_like` may
+    on the GPU). So the KDA op is not what faults in the GPU's
     full-graph batched verifies (chapter vllm/model)."""
     from unittest import mock as _m
     import vllm.utils.torch_utils as tu, vllm.v1.attention.backends.utils as bu
@@ -662,7 +663,7 @@ def test_a_full_graph_replay_of_a_padded_verify_batch_equals_the_unpadded_batch(
     R, T = 4, 4 * (K + 1)
     rows = [[1 + 4 * r + i for i in range(4)] for r in range(R)]                # [R, 1 + K] slots
     nacc, drafts = torch.tensor([2, 1, 3, 1], dtype=torch.int32), torch.tensor([K, K, K, -1], dtype=torch.int32)
-    layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", slots=1 + 4 * R)
+    layer = kda_layer(b.vc, b.W, f"model.layers.{next(b.n)}.self_attn", kernels=_EmptyLikeKernels(), slots=1 + 4 * R)   # padding: NaN
     torch.manual_seed(5)
     for t in layer.kv_cache: t.normal_()
     start = [t.clone() for t in layer.kv_cache]

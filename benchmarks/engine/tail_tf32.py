@@ -11,10 +11,10 @@ modes, which replace SDPA by it) (round to nearest, ties away, as `cvt.rna.tf32`
 and compares the log-probs at the generated positions as `parity.compare_lp` compares vLLM's: the chosen token and the
 top-k of the emulated run, the worst entry named (position, token, its logprob).
 
-    python -m benchmarks.engine.tail_tf32 [--lengths 700 4096] [--tokens 64] [--modes kda attention both] [--out DIR]
+    python -m benchmarks.engine.tail_tf32 [--lengths 700 4096] [--tokens 64] [--modes MODE ...] [--out DIR]
 
 Writes `tail_tf32_cpu.json` (command, versions, commit, per length and mode the figures) into --out (default
-benchmarks/results/incoming). No GPU; about a minute a length on two cores."""
+benchmarks/results/incoming). No GPU; about 90 s for both lengths and every mode on two cores."""
 import argparse, contextlib, json, platform, time
 from pathlib import Path
 
@@ -73,7 +73,7 @@ def compare(lp_exact, lp_emul, tokens: list) -> dict:
 def run(lengths: list, tokens: int, modes: list) -> dict:
     import tempfile, torch
     from solar_open2.checkpoint import make_tiny
-    from benchmarks.engine.parity import load_reference, long_prompts, reference_logprobs
+    from benchmarks.engine.parity import load_reference, long_prompts
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as d:
         m = load_reference(make_tiny(Path(d) / "bf16", format="bf16", weights="trained"), "cpu", "float32")
@@ -81,9 +81,8 @@ def run(lengths: list, tokens: int, modes: list) -> dict:
         for n, prompt in zip(lengths, long_prompts("trained", tuple(lengths))):
             t0 = time.time()
             with torch.no_grad():                                                # the exact run's greedy continuation
-                ids = list(prompt)
-                for _ in range(tokens): ids.append(int(reference_logprobs(m, ids, "cpu")[-1].argmax()))
-            gen = ids[len(prompt):]
+                gen = m.generate(prompt, max_new_tokens=tokens, eos_token_ids=[])[0].tokens
+            ids = list(prompt) + gen
             sl = slice(len(prompt) - 1, len(ids) - 1)                            # the positions that predicted `gen`
             lp = {mode: reference_logprobs_mode(m, ids, mode)[sl] for mode in ["exact"] + modes}
             out[str(n)] = {"seconds": round(time.time() - t0, 1),

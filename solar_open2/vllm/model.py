@@ -296,7 +296,6 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsEagle, S
     def __init__(self, *, vllm_config:VllmConfig, prefix:str=""):
         super().__init__()
         refuse_speculative(vllm_config)
-        fp32_dots(vllm_config, options_of(vllm_config))                        # this worker, before its first compile
         if get_pp_group().world_size > 1: raise NotImplementedError("Solar-Open2 plugin: pipeline parallelism is not supported; use tensor parallelism")
         self.config = vllm_config.model_config.hf_config
         self.solar = config = solar_config_of(self.config)
@@ -305,6 +304,7 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsEagle, S
                              "(vLLM rescales the shared expert in fp16); use --dtype bfloat16")
         self.vllm_config, self.quant_config = vllm_config, vllm_config.quant_config
         self.opts = model_options(vllm_config, self.kernel_tables())         # once, for this model and this GPU
+        fp32_dots(vllm_config, self.opts)                                      # this worker, before its first compile
         self.model = SolarOpen2Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"), opts=self.opts)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=self.quant_config,
                                       prefix=maybe_prefix(prefix, "lm_head"))
