@@ -1084,3 +1084,34 @@ def test_a_draft_head_run_serves_a_random_eagle3_head_that_times_the_verify_step
     assert scaled_taps(ph.model_config("rank").num_hidden_layers) == [3, 15, 27, 39, 47]        # the rank config: the published taps
     for bad in (["--draft-head", "0"], ["--draft-head", "3", "--draft-vocab", "999999"]):
         with pytest.raises(SystemExit): ph.parse_args(["--config", "tiny", *bad])
+
+
+def test_an_ngram_run_serves_vllms_prompt_lookup_and_reports_what_each_verify_step_yielded(tmp_path):
+    """`--ngram K` (issue 27's end-to-end figure): vLLM's ngram proposer with up to K tokens a step, stats on so the
+    speculative counters can be read, the KV prediction counting 1 + K state slots; `--prompt-period P` repeats one
+    random block; a speculative step's tokens arrive together and count as one step (`tokens_per_step`); bad values
+    and two methods at once are refused naming the flag."""
+    a = ph.parse_args(["--config", "tiny", "--phase", "graphs", "--ngram", "3", "--prompt-period", "64"])
+    kw = ph.engine_kwargs(a, tmp_path, "graphs")
+    assert kw["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+                                        "prompt_lookup_min": 2} and kw["disable_log_stats"] is False
+    plain = ph.parse_args(["--config", "tiny", "--phase", "graphs"])
+    assert "speculative_config" not in ph.engine_kwargs(plain, tmp_path, "graphs")
+    assert ph.engine_kwargs(plain, tmp_path, "graphs")["disable_log_stats"] is True
+    pred = lambda argv: budget.plan(tp=1, kv_cache_memory_bytes=a.kv_bytes, max_model_len=a.max_model_len, kv_cache_dtype="auto",
+                                    block_size=16, prefix_caching=False, max_num_seqs=64, cfg=ph.model_config("tiny"),
+                                    num_speculative_tokens=argv).max_concurrency
+    assert ph.kv_prediction(a)["max_concurrency"] == pred(3) != pred(0)
+    s = ph.settings(a, "graphs"); assert (s["ngram"], s["prompt_period"]) == (3, 64)
+    p = ph.token_prompt(200, 1024, 5, period=64)
+    assert len(p) == 200 and p[64:128] == p[:64] and p[128:] == p[:72] and len(set(p[:64])) > 40
+    assert ph.token_prompt(200, 1024, 5) != p and ph.token_prompt(10, 1024, 5, period=64) == ph.token_prompt(10, 1024, 5)
+    assert ph.periodicity([5, 6, 7] + [1, 2, 3] * 10) == 3 and ph.periodicity(list(range(40))) is None
+    r = _rec(2048, 0.0, 1.0, 0.01, 21)
+    r["times"] = [1.0] + [1.0 + 0.01 * (1 + i // 2) for i in range(20)]      # after the first token, two tokens a step
+    st = ph.single_stream_stats(r)
+    assert st["steps"] == 10 and math.isclose(st["tokens_per_step"], 2) and math.isclose(st["itl_median_ms"], 10, rel_tol=1e-6)
+    assert math.isclose(st["decode_tok_s"], 200, rel_tol=1e-6) and math.isclose(st["median_tok_s"], 200, rel_tol=1e-6)
+    assert prun.spec_counters(plain, None) is None
+    for bad in (["--ngram", "0"], ["--ngram", "17"], ["--ngram", "3", "--draft-head", "3"], ["--prompt-period", "-1"]):
+        with pytest.raises(SystemExit): ph.parse_args(["--config", "tiny", *bad])

@@ -197,3 +197,31 @@ def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts/device/train_tiny.sh")], capture_output=True, text=True,
                        env={**env, "FLA_WHEELS": str(empty)}, cwd=ROOT)
     assert r.returncode == 0 and not any("pip install" in c for c in log.read_text().splitlines())   # nothing staged: nothing installed
+
+
+def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_path):
+    """checks.sh spec-e2e (issue 27): one perf A/B at the rank config, no speculation then ngram k = 3 under the piecewise
+    guard and with full graphs, on a periodic 2K prompt; every variant's flags parse in perf's own parser; timed, so
+    TOGETHER=1 refuses it."""
+    from benchmarks.engine import perf as ph
+    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
+    log = tmp_path / "args.txt"
+    fake = site / "bin" / "python3"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
+                    f"printf '%s\\n' \"$@\" > '{log}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "500"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "== spec-e2e: exit 0" in r.stdout, r.stderr
+    argv = log.read_text().splitlines()
+    assert argv[:2] == ["-m", "benchmarks.engine.perf"]
+    a = ph.parse_args(argv[2:])
+    assert (a.config, a.phase, a.only, a.decode_contexts, a.prompt_period, a.deadline_s) == ("rank", "ab", ("decode",), [2048], 64, 500)
+    assert a.ab_variants == [("base", []), ("ngram3", ["--ngram", "3"]), ("ngram3_full", ["--ngram", "3", "--spec-full-graphs"])]
+    for _, flags in a.ab_variants:                                               # each variant's engine arguments parse
+        v = ph.parse_args(argv[2:] + flags)
+        assert v.ngram == (3 if flags else None) and v.spec_full_graphs == (True if "--spec-full-graphs" in flags else None)
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
+                       env={**env, "TOGETHER": "1"})
+    assert r.returncode == 2 and "spec-e2e times decode steps" in r.stderr

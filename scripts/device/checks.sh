@@ -20,6 +20,10 @@
 #                 random EAGLE-3 head proposing K tokens (every draft rejected, so each step verifies 1 + K tokens), one
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
 #                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls)
+#   spec-e2e      end-to-end ngram decode at one TP2 rank of the real model (timed: never TOGETHER): one stream at 2K
+#                 (a prompt of one 64-token block repeated, --prompt-period 64), 256 greedy tokens, without speculation,
+#                 with ngram k = 3 under the plugin's piecewise guard and with full graphs (--spec-full-graphs), as an A/B
+#                 of benchmarks.engine.perf into $OUT/spec-e2e/: tok/s, acceptance, mean accepted length (about 150 s an engine)
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
 #                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs; PARITY_ARGS
@@ -54,7 +58,7 @@ TINY_MEM=(); KV_MEM=(); DYN_MEM=()
 if [ "$TOGETHER" = 1 ]; then
   TINY_MEM=(--gpu-memory-utilization 0.08 --kv-cache-memory-bytes 2147483648); KV_MEM=(--gpu-memory-utilization 0.74)
   DYN_MEM=(--gpu-memory-utilization 0.08)                              # its engines have a fixed pool already
-  for j in "$@"; do case $j in *-rank) echo "checks.sh: $j times decode steps; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
+  for j in "$@"; do case $j in *-rank|spec-e2e) echo "checks.sh: $j times decode steps; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
 fi
 
 job() {
@@ -109,13 +113,17 @@ run_one() {
       done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${ab[@]}" ;;
+    spec-e2e)
+      job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
+        --decode-tokens 256 --prompt-period 64 --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
+        --ab "base=" --ab "ngram3=--ngram ${SPEC_E2E_K:-3}" --ab "ngram3_full=--ngram ${SPEC_E2E_K:-3} --spec-full-graphs" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.spec --out "$OUT/$j" --name "gpu_spec_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${SPEC_EXTRA[@]}" ;;
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done

@@ -129,6 +129,11 @@ def build_parser()->argparse.ArgumentParser:
                     "rejected, so each step verifies 1 + K tokens and yields one, and the decode figures time the verify step")
     ap.add_argument("--draft-vocab", type=int, help="--draft-head: the draft LM head's vocabulary (the target's first N ids, "
                     "vLLM's d2t), to keep the head's own cost small (default 32768, at most the target's)")
+    ap.add_argument("--ngram", type=int, metavar="K", help="serve with vLLM's ngram proposer (prompt lookup, n-grams of 2 to 4 "
+                    "tokens) proposing up to K tokens a step: the end-to-end speculative figure; each decode figure then "
+                    "carries vLLM's counters (acceptance, mean accepted length: tokens a verify step yields)")
+    ap.add_argument("--prompt-period", type=int, default=0, metavar="P", help="decode prompts made of one random block of P "
+                    "tokens repeated to the context (0: random tokens, the default): context the ngram proposer can match")
     ap.add_argument("--env", type=_env_pair, action="append", metavar="KEY=VALUE",
                     help="an environment variable for the engine (repeat), applied after the harness's own, e.g. "
                          "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1; recorded in the settings")
@@ -183,6 +188,9 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
         raise ValueError(f"--attention-backend {a.attention_backend!r}: a name of vLLM's AttentionBackendEnum, e.g. TRITON_ATTN")
     if a.decode_tokens < 3: raise ValueError("--decode-tokens must be >= 3 (the decode rate needs two intervals)")
     if a.draft_head is not None and not 1 <= a.draft_head <= 16: raise ValueError(f"--draft-head must be 1..16 draft tokens, got {a.draft_head}")
+    if a.ngram is not None and not 1 <= a.ngram <= 16: raise ValueError(f"--ngram must be 1..16 draft tokens, got {a.ngram}")
+    if a.ngram and a.draft_head: raise ValueError("--ngram and --draft-head: one speculative method per engine")
+    if a.prompt_period < 0: raise ValueError(f"--prompt-period must be >= 0 (0: random prompts), got {a.prompt_period}")
     V = model_config(a.config).vocab_size
     if a.draft_vocab is None: a.draft_vocab = min(32768, V)
     if not 1 <= a.draft_vocab <= V: raise ValueError(f"--draft-vocab {a.draft_vocab}: must be in 1..{V} (the served vocabulary)")
@@ -223,7 +231,7 @@ def kv_prediction(a)->dict:
     "`solar_open2.budget.plan` for exactly the engine's flags."
     p = budget.plan(tp=a.tp, kv_cache_memory_bytes=a.kv_bytes, max_model_len=a.max_model_len, kv_cache_dtype="auto",
                     block_size=16, prefix_caching=False, max_num_seqs=a.max_num_seqs, cfg=model_config(a.config),
-                    num_speculative_tokens=getattr(a, "draft_head", None) or 0)
+                    num_speculative_tokens=getattr(a, "draft_head", None) or getattr(a, "ngram", None) or 0)
     return {"gpu_kv_cache_tokens": p.gpu_kv_cache_tokens, "max_concurrency": p.max_concurrency,
             "max_concurrency_2dp": round(p.max_concurrency, 2), "num_blocks": p.num_blocks, "block_size": p.block_size,
             "page_bytes": p.layout.page_bytes, "padding_pct": round(p.layout.padding_pct, 2),

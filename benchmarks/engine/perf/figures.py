@@ -15,20 +15,25 @@ H200_BF16_FLOPS = 989.4e12                           # dense BF16 tensor-core pe
 # --------------------------------------------------------------------------------------------------------------
 
 def single_stream_stats(rec:dict)->dict:
-    "Prefill (time to first token) and decode rate of one request: rate = (n-1) / (t_last - t_first)."
+    """Prefill (time to first token) and decode rate of one request: rate = (n-1) / (t_last - t_first). The gaps are
+    between engine steps: tokens that arrive together (a speculative step's accepted tokens) are one step, and
+    `tokens_per_step` says how many a step yielded on average (1 without speculation)."""
     t, n = rec["times"], len(rec["times"])
     if n == 0: raise ValueError("request produced no token")
     ttft = t[0] - rec["t_add"]
     out = {"prompt_len": rec["prompt_len"], "tokens": n, "ttft_s": ttft, "prefill_tok_s": rec["prompt_len"] / ttft}
-    if n >= 3:
-        gaps = [b - a for a, b in zip(t[:-1], t[1:])]
+    steps = [x for i, x in enumerate(t) if i == 0 or x != t[i - 1]]      # one arrival time per engine step
+    if n >= 3 and len(steps) >= 3:
+        gaps = [b - a for a, b in zip(steps[:-1], steps[1:])]
         med = statistics.median(gaps)
+        per_step = (n - 1) / (len(steps) - 1)
         top = sorted(range(len(gaps)), key=lambda i: -gaps[i])[:5]
-        out.update(decode_s=t[-1] - t[0], decode_tok_s=(n - 1) / (t[-1] - t[0]),
+        out.update(decode_s=t[-1] - t[0], decode_tok_s=(n - 1) / (t[-1] - t[0]), steps=len(steps) - 1,
+                   tokens_per_step=per_step,
                    itl_median_ms=1e3 * med, itl_p90_ms=1e3 * sorted(gaps)[int(0.9 * (len(gaps) - 1))],
                    itl_max_ms=1e3 * max(gaps),
                    stall_s=sum(g - med for g in gaps if g > 2 * med),      # time in gaps over twice the median
-                   median_tok_s=1.0 / med,                                  # the rate without the stalls
+                   median_tok_s=per_step / med,                             # the rate without the stalls
                    itl_top=[[i, round(1e3 * gaps[i], 3)] for i in top])    # [gap index, ms]: where the window lost time
     return out
 

@@ -149,6 +149,9 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
         if a.max_autotune: cc["inductor_compile_config"] = {"max_autotune": True}
         kw["compilation_config"] = cc
     if a.draft_head: kw["speculative_config"] = draft_head_config(a, model_dir)
+    if getattr(a, "ngram", None):
+        kw["speculative_config"] = ngram_config(a.ngram)
+        kw["disable_log_stats"] = False                                  # LLM.get_metrics(): the speculative counters
     if profile_dir:
         kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=str(profile_dir),
                                      torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
@@ -166,12 +169,31 @@ def draft_head_config(a, model_dir)->dict:
     if not (d / "model.safetensors").exists(): write_eagle3_draft(d, cfg, scaled_taps(cfg.num_hidden_layers), draft_vocab=a.draft_vocab)
     return {"method": "eagle3", "model": str(d), "num_speculative_tokens": a.draft_head}
 
-def token_prompt(n:int, vocab:int, seed:int)->list:
-    "`n` token ids, deterministic in `seed`, away from the special ids at both ends of the vocabulary."
+def ngram_config(k:int)->dict:
+    "vLLM's speculative_config for `--ngram K`: prompt lookup over n-grams of 2 to 4 tokens, up to K tokens a step."
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+def token_prompt(n:int, vocab:int, seed:int, period:int=0)->list:
+    """`n` token ids, deterministic in `seed`, away from the special ids at both ends of the vocabulary; with `period`
+    P > 0, one random block of P ids repeated (and cut) to `n`."""
     import random
     lo, hi = min(1000, vocab // 8), vocab - min(1000, vocab // 8)
     r = random.Random(seed)
-    return [r.randrange(lo, hi) for _ in range(n)]
+    block = [r.randrange(lo, hi) for _ in range(min(period, n) if period > 0 else n)]
+    return (block * (n // len(block) + 1))[:n] if block else []
+
+def spec_counters(a, llm)->dict|None:
+    "vLLM's speculative-decoding counters (drafts, draft tokens, accepted) of an `--ngram` engine (it logs stats), else None."
+    if not getattr(a, "ngram", None): return None
+    from benchmarks.engine.spec import spec_metrics
+    return spec_metrics(llm)
+
+def periodicity(tokens:list)->int|None:
+    "The smallest period P of the second half of `tokens` (it repeats every P ids), None when it has none below half."
+    t = tokens[len(tokens) // 2:]
+    for p in range(1, len(t) // 2 + 1):
+        if all(t[i] == t[i - p] for i in range(p, len(t))): return p
+    return None
 
 def sampling_params(max_tokens:int):
     "Greedy, exactly `max_tokens` tokens, no detokenisation, one output per new token (DELTA)."
@@ -308,12 +330,19 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
         if not (a.smi_during_measure or a.smi_ab): res["smi_stopped_after_warmup"] = stop_smi(getattr(a, "_smi", None))
 
     def decode(ctx):
-        rec = run_requests(eng, [token_prompt(ctx, vocab, next(seed))], a.decode_tokens, f"dec{ctx}")
+        c0 = spec_counters(a, llm)
+        rec = run_requests(eng, [token_prompt(ctx, vocab, next(seed), a.prompt_period)], a.decode_tokens, f"dec{ctx}")
         st = single_stream_stats(rec[0]); res["sanity"][f"decode_bs1_ctx{ctx}"] = output_sanity(rec)
+        st["period"] = periodicity(rec[0]["tokens"])              # what the proposer could match in the continuation
+        if c0 is not None:
+            from benchmarks.engine.spec import delta
+            st["spec"] = delta(c0, spec_counters(a, llm))
         roof = decode_roofline(cfg, a.tp, ctx + a.decode_tokens / 2, 1)
         res["figures"][f"decode_bs1_ctx{ctx}"] = with_roofline(
             {"kind": "decode", "context": ctx, "batch": 1, "tokens": st["tokens"], "itl_median_ms": st.get("itl_median_ms"),
-             "decode_tok_s": st["decode_tok_s"]}, roof, "decode_tok_s", "per_seq_tok_s", "decode-bandwidth")
+             "decode_tok_s": st["decode_tok_s"], "tokens_per_step": st.get("tokens_per_step"),
+             **({"acceptance": st["spec"]["acceptance"], "mean_accepted_length": st["spec"]["mean_accepted_length"]}
+                if "spec" in st else {})}, roof, "decode_tok_s", "per_seq_tok_s", "decode-bandwidth")
         smi = getattr(a, "_smi", None)
         res["figure_details"][f"decode_bs1_ctx{ctx}"] = {**st, "smi_running": smi is not None and smi.poll() is None}
 
