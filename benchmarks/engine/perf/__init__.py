@@ -67,6 +67,14 @@ K = 0, 1, 3, ... sets against the plain step (`scripts/device/checks.sh spec-ran
 ngram reaches comes from `benchmarks.engine.spec` on the trained tiny checkpoint; tokens a step times these step
 times give the speed-up.
 
+End to end (`--ngram K`): vLLM's ngram proposer (prompt lookup over n-grams of 2 to 4 tokens, up to K tokens a step)
+with the engine's stats on, so each decode figure carries vLLM's counters: acceptance (accepted / proposed) and mean
+accepted length (tokens one verify step yields), next to tok/s; `tokens_per_step` and the step gaps count the tokens
+a step delivers together as one step. `--prompt-period P` makes each decode prompt one random P-token block repeated;
+the figure records the continuation's `period` (it repeats every P ids, or None). What the proposer can match is the
+dummy weights' own continuation, not a real model's: the acceptance of a trained model on real text differs
+(`scripts/device/checks.sh spec-e2e`: none vs ngram k = 3, piecewise and full graphs).
+
 The plugin: the harness calls `solar_open2.vllm.register()` itself, and, unless a `solar_open2` entry point is
 already installed, writes a throw-away `*.dist-info` holding the `vllm.general_plugins` entry point
 `solar_open2 = solar_open2.vllm:register` into a temporary directory that it puts (with the repository root) on
