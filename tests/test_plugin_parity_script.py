@@ -289,3 +289,24 @@ def test_the_fp32_limits_pass_ieee_dots_and_fail_tf32_at_700_and_4k_tokens():
     fails = gp.judge_run("bf16:eager:float32", {k: tf32[k] for k in ("single", "batched")}, a)
     assert {f.split(": ")[1] for f in fails} >= {"max |dlogprob| 0.3443 > 0.01", "max |dlogprob| 0.0195 > 0.01"}, fails
     assert all(not c["mismatches"] for c in tf32["single"] + tf32["batched"])            # TF32 moved no chosen token
+
+
+def test_slice_rank_cuts_the_slice_from_one_tp2_rank_and_keeps_its_prompts_in_the_rank_vocabulary(capsys):
+    """`--slice-rank` (issue 32): the slice is cut from one TP2 rank of the real model (the per-rank widths, served at
+    TP1), so the GEMV pairs' table, which names only the rank's shapes, applies; its prompts lie inside the rank's
+    half of the vocabulary; the flag without `--slice` is refused naming it."""
+    from solar_open2 import budget
+    from solar_open2.checkpoint import slice_config
+    from solar_open2.config import SolarOpen2Config
+    assert gp.slice_base(False) is None
+    real, rank = SolarOpen2Config.real(), gp.slice_base(True)
+    assert rank.to_dict() == budget.rank_config(real, 2).to_dict()
+    assert (rank.vocab_size, rank.moe_intermediate_size, rank.num_attention_heads) == (
+        real.vocab_size // 2, real.moe_intermediate_size // 2, real.num_attention_heads // 2)
+    cut = slice_config(2, rank)
+    assert cut.num_hidden_layers == 2 and cut.moe_intermediate_size == rank.moe_intermediate_size and cut.hidden_size == real.hidden_size
+    ps = gp.prompts_for("random", slice_layers=2, slice_rank=True)
+    assert [len(p) for p in ps] == [5, 130, 700, 4096] and all(1000 <= t < rank.vocab_size - 1000 for p in ps for t in p)
+    assert gp.prompts_for("random", slice_layers=2) == gp.slice_prompts()          # the full slice's prompts unchanged
+    with pytest.raises(SystemExit) as e: gp.main(["--slice-rank"])
+    assert e.value.code == 2 and "--slice-rank: needs --slice N" in capsys.readouterr().err

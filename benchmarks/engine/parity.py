@@ -29,7 +29,10 @@ checkpoint and compares:
 
 With `--slice N` the checkpoint is a real-shapes slice instead (`solar_open2.checkpoint.make_slice`: the real config's
 first N layers, random weights, Nota's NVFP4 layout, drawn on the GPU at run time), so the plugin's kernels run at
-the shapes their tables name; the prompts are token ids of 5, 130, 700 and 4,096 tokens (`slice_prompts`). Every
+the shapes their tables name; the prompts are token ids of 5, 130, 700 and 4,096 tokens (`slice_prompts`). With
+`--slice-rank` the slice is cut from one TP2 rank of the real model instead (`slice_base`: `budget.rank_config`, the
+per-rank widths served at TP1), so the kernels whose tile tables name only the TP2 rank's shapes (the GEMV pairs)
+are given too and must launch; its prompts stay inside the rank's half of the vocabulary. Every
 engine also reports, per worker, which kernels the plugin gave the model and which launched
 (`solar_open2.vllm.model.LaunchProbe`); a kernel given to some layer that never launched is a failure.
 
@@ -85,6 +88,17 @@ def text_prompts() -> list:
 SLICE_LENGTHS = (5, 130, 700, 4096)   # the real-shapes slice's prompts: short, one KDA chunk, the fp32 tail's 700, 4K
 
 
+SLICE_RANK_TP = 2                     # --slice-rank: the slice of one rank of the real model at this TP (the served TP2)
+
+
+def slice_base(rank: bool):
+    "The config a slice is cut from: the real one, or with `rank` one TP2 rank of it (`budget.rank_config`) served at TP1."
+    if not rank: return None
+    from solar_open2 import budget
+    from solar_open2.config import SolarOpen2Config
+    return budget.rank_config(SolarOpen2Config.real(), SLICE_RANK_TP)
+
+
 def slice_prompts(vocab: int = 196608, lengths: tuple = SLICE_LENGTHS) -> list:
     "Deterministic token-id prompts for the real-shapes slice (its vocabulary, away from the special ids at either end)."
     lo = min(1000, vocab // 8)
@@ -105,10 +119,11 @@ def long_prompts(weights: str, lengths: tuple = LONG_LENGTHS) -> list:
     return [(ids * (n // len(ids) + 1))[:n] for n in lengths]
 
 
-def prompts_for(weights: str, slice_layers: int = 0, long: bool = False) -> list:
+def prompts_for(weights: str, slice_layers: int = 0, long: bool = False, slice_rank: bool = False) -> list:
     """The parity prompts: token-id sequences for the random weights (`prompts`), the corpus's tasks for trained ones,
-    up to 4K token ids for a real-shapes slice (`slice_prompts`), 700 and 4,096 tokens with `long` (`long_prompts`)."""
-    if slice_layers: return slice_prompts()
+    up to 4K token ids for a real-shapes slice (`slice_prompts`, in the rank's vocabulary with `slice_rank`), 700 and
+    4,096 tokens with `long` (`long_prompts`)."""
+    if slice_layers: return slice_prompts(slice_base(True).vocab_size) if slice_rank else slice_prompts()
     if long: return long_prompts(weights)
     return prompts() if weights == "random" else text_prompts()
 
@@ -148,13 +163,13 @@ def entry_point_shim(root: Path) -> Path:
 def run_vllm(model_dir: str, mode: str, n_tokens: int, dtype: str = "bfloat16", additional_config: dict | None = None,
              moe_backend: str = "auto", gemv_probe: bool = False, gpu_memory_utilization: float = 0.3,
              kv_cache_memory_bytes: int | None = None, weights: str = "random", behaviour: bool = False,
-             slice_layers: int = 0, long: bool = False, traps: bool = False) -> dict:
+             slice_layers: int = 0, long: bool = False, traps: bool = False, slice_rank: bool = False) -> dict:
     """Greedy generation through vLLM for every prompt, alone and as one batch; returns tokens and logprobs, and from
     every worker which of the plugin's kernels the model was given and which launched (`LaunchProbe`).
     A fixed `kv_cache_memory_bytes` skips vLLM's memory profiling, which other engines on the same GPU would upset."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
     from vllm import LLM, SamplingParams
-    ps = prompts_for(weights, slice_layers, long)
+    ps = prompts_for(weights, slice_layers, long, slice_rank)
     max_len = max(1024, max(map(len, ps)) + n_tokens + 64)
     kw = dict(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype=dtype, seed=0,
               max_model_len=max_len, max_num_seqs=8, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=False,
@@ -310,7 +325,7 @@ def compare(m, prompt: list, got: dict, device: str, tie_nats: float, m16=None) 
 def child_main(a) -> int:
     res = run_vllm(a.child_model, a.child_mode, a.tokens, a.child_dtype, a.ac, a.moe_backend, a.gemv_probe,
                    a.gpu_memory_utilization, a.kv_cache_memory_bytes, a.weights, a.weights != "random" and not a.slice, a.slice, a.long,
-                   a.traps)
+                   a.traps, a.slice_rank)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -487,6 +502,9 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--slice", type=int, default=0, metavar="N", help="run on a real-shapes slice of the real model's first N "
                     "layers (solar_open2.checkpoint.make_slice, drawn on the GPU: about 9.1 GB at N = 2) instead of the tiny "
                     "checkpoints, with token-id prompts of 5 to 4,096 tokens; default 0: the tiny checkpoints")
+    ap.add_argument("--slice-rank", action="store_true", help="with --slice: cut the slice from one TP2 rank of the real "
+                    "model (budget.rank_config, served at TP1), so the kernels whose tables name only the rank's shapes "
+                    "(the GEMV pairs) are given and must launch")
     ap.add_argument("--long", action="store_true", help="prompts of 700 and 4,096 tokens (long_prompts) instead of the "
                     "short ones: the float32 tail at long prompts (pair with --cases bf16:eager:float32)")
     ap.add_argument("--additional-config", help="JSON object passed to vLLM as additional_config in every run, "
@@ -501,6 +519,7 @@ def main(argv: list | None = None) -> int:
         from solar_open2.checkpoint import slice_config
         try: slice_config(a.slice)
         except ValueError as e: ap.error(f"--slice {a.slice}: {e}")
+    if a.slice_rank and not a.slice: ap.error("--slice-rank: needs --slice N (it says which slice to cut)")
     if a.child_model: return child_main(a)
     if a.rejudge: return rejudge(a)
     cases = []
@@ -532,19 +551,19 @@ def main(argv: list | None = None) -> int:
               "plugin_entry_point": "installed" if installed else "shim dist-info on PYTHONPATH", "tokens": a.tokens,
               "logprob_tol": a.logprob_tol, "logprob_mean_tol": a.logprob_mean_tol, "noise_factor": a.noise_factor, "tie_nats": a.tie_nats,
               "weights": "random" if a.weights == "random" else {"arg": a.weights, "file": str(w_file), "sha256": w_sha},
-              "slice_layers": a.slice, "long_prompts": a.long,
+              "slice_layers": a.slice, "slice_rank": a.slice_rank, "long_prompts": a.long,
               "min_recall": a.min_recall, "min_facts": a.min_facts, "behaviour_drop": a.behaviour_drop, "traps": a.traps, "runs": {}, "failures": [],
               "reference_behaviour": {}}
-    ps = prompts_for(a.weights, a.slice, a.long); refs = {}; done = {}
+    ps = prompts_for(a.weights, a.slice, a.long, a.slice_rank); refs = {}; done = {}
     Path(a.out).mkdir(parents=True, exist_ok=True)
     for fmt, mode, dtype in cases:
         case = f"{fmt}:{mode}:{dtype}"
         if time.time() - t_start > a.deadline_s:
             report["failures"].append(f"{case}: not run (deadline)"); continue
-        ck = work / f"{'slice' if a.slice else 'tiny'}_{fmt.replace('-', '_')}"
+        ck = work / f"{('slice_rank' if a.slice_rank else 'slice') if a.slice else 'tiny'}_{fmt.replace('-', '_')}"
         if not (ck / "config.json").exists():
             t_ck = time.time()
-            if a.slice: make_slice(ck, a.slice, format=fmt, device="cuda")
+            if a.slice: make_slice(ck, a.slice, format=fmt, device="cuda", base=slice_base(a.slice_rank))
             else: make_tiny(ck, format=fmt, weights=a.weights)
             report.setdefault("checkpoint_s", {})[fmt] = round(time.time() - t_ck, 1)
         outf = work / f"vllm_{fmt}_{mode}_{dtype}.json"
@@ -557,6 +576,7 @@ def main(argv: list | None = None) -> int:
                                + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
                                + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
                                + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)]
+                               + (["--slice-rank"] if a.slice_rank else [])
                                + (["--long"] if a.long else []) + (["--traps"] if a.traps else []), env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
         except subprocess.TimeoutExpired as e:

@@ -27,7 +27,8 @@
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
 #                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs; PARITY_ARGS
-#                 as for parity, e.g. "--moe-backend emulation" for the plugin's MoE kernels, which vLLM's default backend skips)
+#                 as for parity, e.g. "--moe-backend emulation" for the plugin's MoE kernels, which vLLM's default backend skips,
+#                 and "--slice-rank" for a slice of one TP2 rank, whose shapes the GEMV pairs' table names)
 #   tail          the float32 tail at long prompts: the BF16 tiny checkpoint in float32, eager, prompts of 700 and 4,096
 #                 tokens (benchmarks.engine.parity --long --cases bf16:eager:float32; PARITY_ARGS as for parity), twice:
 #                 Triton's fp32 dots in TF32 (TRITON_F32_DEFAULT=tf32: the control, which fails the fp32 limits) and with
