@@ -225,3 +225,26 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "spec-e2e times decode steps" in r.stderr
+
+
+def test_checks_script_tail_halves_and_the_moe_batch_job(tmp_path):
+    """checks.sh: TAIL_HALVES=plugin runs only the plugin half of the float32 tail (a bad half is named and skipped);
+    moe-batch runs the batched MoE kernel benchmark with MOE_BATCH_ARGS and is refused TOGETHER (it times kernels)."""
+    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
+    log = tmp_path / "calls.txt"
+    fake = site / "bin" / "python3"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
+                    f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "90", "TAIL_HALVES": "plugin bogus",
+           "MOE_BATCH_ARGS": "--tokens 1,64"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "tail", "moe-batch"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and calls[0].startswith("F32= -m benchmarks.engine.parity --long") and "gpu_parity_tail_plugin_" in calls[0]
+    assert "TAIL_HALVES takes tf32 and plugin, got 'bogus'" in r.stderr
+    assert calls[1].startswith("F32=unset -m benchmarks.kernels.moe_batch --out ") and calls[1].endswith("--deadline-s 90 --tokens 1,64")
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-batch"], capture_output=True, text=True,
+                       env={**env, "TOGETHER": "1"})
+    assert r.returncode == 2 and "moe-batch times decode steps" in r.stderr

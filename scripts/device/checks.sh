@@ -34,7 +34,10 @@
 #                 Triton's fp32 dots in TF32 (TRITON_F32_DEFAULT=tf32: the control, which fails the fp32 limits) and with
 #                 the variable empty, so that the plugin's fp32_ieee_dots sets IEEE fp32 (the report's
 #                 triton_f32_default says what the engine ran with), into $OUT/tail-tf32/ and $OUT/tail-plugin/ (the two
-#                 at once when TOGETHER=1)
+#                 at once when TOGETHER=1); TAIL_HALVES (default "tf32 plugin") picks the halves, e.g. "plugin" alone
+#   moe-batch     one MoE layer's routed experts at the rank shapes, 1 to 8,192 tokens (benchmarks.kernels.moe_batch, issue
+#                 28): vLLM's Marlin, vLLM's emulation kernel as the plugin launches it and with explicit tiles, the plugin's
+#                 decode kernels, each checked against fp32 first (timed: never TOGETHER; fits an H100; MOE_BATCH_ARGS: more)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -59,7 +62,7 @@ TINY_MEM=(); KV_MEM=(); DYN_MEM=()
 if [ "$TOGETHER" = 1 ]; then
   TINY_MEM=(--gpu-memory-utilization 0.08 --kv-cache-memory-bytes 2147483648); KV_MEM=(--gpu-memory-utilization 0.74)
   DYN_MEM=(--gpu-memory-utilization 0.08)                              # its engines have a fixed pool already
-  for j in "$@"; do case $j in *-rank|spec-e2e) echo "checks.sh: $j times decode steps; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
+  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch) echo "checks.sh: $j times decode steps; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
 fi
 
 job() {
@@ -97,7 +100,8 @@ run_one() {
               [ "$TOGETHER" = 1 ] || wait
             done; wait ;;
     tail) read -r -a PARITY_EXTRA <<< "${PARITY_ARGS:-}"                 # Triton's fp32 dots in TF32, then as the plugin sets them
-          for prec in tf32 plugin; do                                    # TOGETHER=1: both at once
+          for prec in ${TAIL_HALVES:-tf32 plugin}; do                    # TOGETHER=1: both at once
+            case $prec in tf32|plugin) ;; *) echo "checks.sh tail: TAIL_HALVES takes tf32 and plugin, got '$prec'" >&2; continue ;; esac
             f32=$prec; [ "$prec" = plugin ] && f32=                      # unset: the plugin's fp32_ieee_dots decides (IEEE)
             TRITON_F32_DEFAULT=$f32 job "$j-$prec" python3 -m benchmarks.engine.parity --long --cases bf16:eager:float32 \
               --out "$OUT/$j-$prec" --name "gpu_parity_tail_${prec}_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
@@ -114,6 +118,8 @@ run_one() {
       done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${ab[@]}" ;;
+    moe-batch) read -r -a MB_EXTRA <<< "${MOE_BATCH_ARGS:-}"
+      job "$j" python3 -m benchmarks.kernels.moe_batch --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MB_EXTRA[@]}" ;;
     spec-e2e)
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --decode-tokens 256 --prompt-period 64 --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
@@ -124,7 +130,7 @@ run_one() {
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done
