@@ -107,6 +107,20 @@ def test_memory_flags_reach_the_engines():
     assert r.returncode == 2 and "the kv cases name their own pools" in r.stderr
 
 
+
+def fake_site(tmp_path, args:bool=False)->tuple:
+    """A `$SITE` whose `bin/python3` (checks.sh puts it first on PATH) answers `-c` with version 9.9.9 and records every
+    other call in the returned log: one line per call, `F32=<TRITON_F32_DEFAULT or unset> ARGS`, or with `args` the
+    last call's arguments one per line."""
+    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
+    log = tmp_path / ("args.txt" if args else "calls.txt")
+    record = f"printf '%s\\n' \"$@\" > '{log}'\n" if args else f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n"
+    fake = site / "bin" / "python3"
+    fake.write_text("#!/usr/bin/env bash\nif [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n" + record)
+    fake.chmod(0o755)
+    return site, log
+
+
 def test_checks_script_refuses_timed_jobs_together_and_unknown_jobs(tmp_path):
     "checks.sh: the rank benchmarks time steps, so TOGETHER=1 refuses them; an unknown job stops before anything runs."
     sh = ROOT / "scripts/device/checks.sh"
@@ -119,13 +133,7 @@ def test_checks_script_refuses_timed_jobs_together_and_unknown_jobs(tmp_path):
 
 def test_checks_script_tail_and_slice_jobs_run_the_parity_script_as_documented(tmp_path):
     "checks.sh tail: the long float32 parity twice (TF32, then as the plugin sets the dots: the variable empty); slice: the parity on a 2-layer real-shapes slice."
-    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
-    log = tmp_path / "calls.txt"
-    fake = site / "bin" / "python3"                                             # checks.sh puts $SITE/bin first on PATH
-    fake.write_text("#!/usr/bin/env bash\n"
-                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
-                    f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n")
-    fake.chmod(0o755)
+    site, log = fake_site(tmp_path)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "77"}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "tail", "slice"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
@@ -146,13 +154,7 @@ def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisi
     """checks.sh with TOGETHER=1: parity runs its eager and its graphs engines as two reports (each with the sharing
     options and PARITY_ARGS), tail its TF32 and IEEE engines at once; every engine is started exactly once. Alone,
     parity is one report over all four cases."""
-    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
-    log = tmp_path / "calls.txt"
-    fake = site / "bin" / "python3"
-    fake.write_text("#!/usr/bin/env bash\n"
-                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
-                    f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n")
-    fake.chmod(0o755)
+    site, log = fake_site(tmp_path)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "77", "TOGETHER": "1",
            "PARITY_ARGS": "--traps"}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "parity", "tail"], capture_output=True, text=True, env=env)
@@ -204,13 +206,7 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     guard and with full graphs, on a periodic 2K prompt; every variant's flags parse in perf's own parser; timed, so
     TOGETHER=1 refuses it."""
     from benchmarks.engine import perf as ph
-    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
-    log = tmp_path / "args.txt"
-    fake = site / "bin" / "python3"
-    fake.write_text("#!/usr/bin/env bash\n"
-                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
-                    f"printf '%s\\n' \"$@\" > '{log}'\n")
-    fake.chmod(0o755)
+    site, log = fake_site(tmp_path, args=True)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "500"}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "== spec-e2e: exit 0" in r.stdout, r.stderr
@@ -230,13 +226,7 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
 def test_checks_script_tail_halves_and_the_moe_batch_job(tmp_path):
     """checks.sh: TAIL_HALVES=plugin runs only the plugin half of the float32 tail (a bad half is named and skipped);
     moe-batch runs the batched MoE kernel benchmark with MOE_BATCH_ARGS and is refused TOGETHER (it times kernels)."""
-    site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
-    log = tmp_path / "calls.txt"
-    fake = site / "bin" / "python3"
-    fake.write_text("#!/usr/bin/env bash\n"
-                    "if [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
-                    f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n")
-    fake.chmod(0o755)
+    site, log = fake_site(tmp_path)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "90", "TAIL_HALVES": "plugin bogus",
            "MOE_BATCH_ARGS": "--tokens 1,64"}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "tail", "moe-batch"], capture_output=True, text=True, env=env)
