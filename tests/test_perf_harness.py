@@ -1098,6 +1098,8 @@ def test_an_ngram_run_serves_vllms_prompt_lookup_and_reports_what_each_verify_st
     plain = ph.parse_args(["--config", "tiny", "--phase", "graphs"])
     assert "speculative_config" not in ph.engine_kwargs(plain, tmp_path, "graphs")
     assert ph.engine_kwargs(plain, tmp_path, "graphs")["disable_log_stats"] is True
+    stats = ph.parse_args(["--config", "tiny", "--phase", "graphs", "--log-stats"])             # an A/B's baseline: the same host cost
+    assert ph.engine_kwargs(stats, tmp_path, "graphs")["disable_log_stats"] is False and ph.settings(stats, "graphs")["log_stats"]
     pred = lambda argv: budget.plan(tp=1, kv_cache_memory_bytes=a.kv_bytes, max_model_len=a.max_model_len, kv_cache_dtype="auto",
                                     block_size=16, prefix_caching=False, max_num_seqs=64, cfg=ph.model_config("tiny"),
                                     num_speculative_tokens=argv).max_concurrency

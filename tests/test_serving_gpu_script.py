@@ -214,6 +214,7 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     assert argv[:2] == ["-m", "benchmarks.engine.perf"]
     a = ph.parse_args(argv[2:])
     assert (a.config, a.phase, a.only, a.decode_contexts, a.prompt_period, a.deadline_s) == ("rank", "ab", ("decode",), [2048], 64, 500)
+    assert a.log_stats                                                           # the baseline logs stats as the ngram variants must
     assert a.ab_variants == [("base", []), ("ngram3", ["--ngram", "3"]), ("ngram3_full", ["--ngram", "3", "--spec-full-graphs"])]
     for _, flags in a.ab_variants:                                               # each variant's engine arguments parse
         v = ph.parse_args(argv[2:] + flags)

@@ -21,7 +21,8 @@
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
 #                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls)
 #   spec-e2e      end-to-end ngram decode at one TP2 rank of the real model (timed: never TOGETHER): one stream at 2K
-#                 (a prompt of one 64-token block repeated, --prompt-period 64), 256 greedy tokens, without speculation,
+#                 (a prompt of one 64-token block repeated, --prompt-period 64), 256 greedy tokens, vLLM's stats on in every
+#                 variant (--log-stats: the ngram ones need them for their counters), without speculation,
 #                 with ngram k = 3 under the plugin's piecewise guard and with full graphs (--spec-full-graphs), as an A/B
 #                 of benchmarks.engine.perf into $OUT/spec-e2e/: tok/s, acceptance, mean accepted length (about 150 s an engine)
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
@@ -122,7 +123,7 @@ run_one() {
       job "$j" python3 -m benchmarks.kernels.moe_batch --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MB_EXTRA[@]}" ;;
     spec-e2e)
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
-        --decode-tokens 256 --prompt-period 64 --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
+        --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
         --ab "base=" --ab "ngram3=--ngram ${SPEC_E2E_K:-3}" --ab "ngram3_full=--ngram ${SPEC_E2E_K:-3} --spec-full-graphs" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.spec --out "$OUT/$j" --name "gpu_spec_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \

@@ -132,6 +132,8 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--ngram", type=int, metavar="K", help="serve with vLLM's ngram proposer (prompt lookup, n-grams of 2 to 4 "
                     "tokens) proposing up to K tokens a step: the end-to-end speculative figure; each decode figure then "
                     "carries vLLM's counters (acceptance, mean accepted length: tokens a verify step yields)")
+    ap.add_argument("--log-stats", action="store_true", help="keep vLLM's per-step stats on (--ngram turns them on to read "
+                    "its counters): give it to every variant of an A/B with --ngram, so the baseline pays the same host cost")
     ap.add_argument("--prompt-period", type=int, default=0, metavar="P", help="decode prompts made of one random block of P "
                     "tokens repeated to the context (0: random tokens, the default): context the ngram proposer can match")
     ap.add_argument("--env", type=_env_pair, action="append", metavar="KEY=VALUE",

@@ -133,7 +133,8 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
     kw = dict(model=str(model_dir), skip_tokenizer_init=True, load_format=dummy_weights(a)["load_format"], dtype="bfloat16",
               tensor_parallel_size=a.tp, max_model_len=a.max_model_len, kv_cache_memory_bytes=a.kv_bytes,
               max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-              enable_prefix_caching=False, seed=0, disable_log_stats=True, distributed_executor_backend="mp")
+              enable_prefix_caching=False, seed=0, disable_log_stats=not getattr(a, "log_stats", False),
+              distributed_executor_backend="mp")
     if a.moe_backend != "auto": kw["moe_backend"] = a.moe_backend
     att = {k: v for k, v in (("backend", a.attention_backend), ("flash_attn_max_num_splits_for_cuda_graph", a.attn_max_splits))
            if v is not None}
