@@ -166,6 +166,11 @@ def child_main(a) -> int:
 
 # ---- parent ----------------------------------------------------------------------------------------------------------
 
+def ngram_config(k: int) -> dict:
+    "vLLM's speculative_config for ngram with up to `k` draft tokens a step: prompt lookup over n-grams of 2 to 4 tokens."
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
 def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: list | None = None) -> list:
     """(format, mode, name, speculative_config or None, cudagraph_mode or None) of every engine, baselines first. In
     graphs mode the plugin asks for piecewise graphs when speculation is on (`spec_graphs_guard`); the draft head also
@@ -177,10 +182,9 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
     runs = [(f, m, "base", None, None) for f in formats for m in modes]
     for f in formats:
         for m in modes:
-            ngram = lambda k: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-            runs += [(f, m, f"ngram_k{k}", ngram(k), None) for k in ks]
+            runs += [(f, m, f"ngram_k{k}", ngram_config(k), None) for k in ks]
             if m == "graphs":                                                  # the full-graph fault without a draft model:
-                runs.append((f, m, "ngram_k3_full", ngram(3), "FULL_AND_PIECEWISE"))   # the target's verify, or the drafter?
+                runs.append((f, m, "ngram_k3_full", ngram_config(3), "FULL_AND_PIECEWISE"))   # the target's verify, or the drafter?
             if draft == "eagle3":
                 eagle = lambda k: {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
                 runs.append((f, m, "eagle3_dummy", eagle(PUBLISHED_BLOCK), None))

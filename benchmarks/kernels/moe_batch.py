@@ -38,14 +38,17 @@ TILES = ((16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 4), (16, 12
          (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3), (128, 256, 64, 8, 3))
 CHECK_TOKENS = 4          # rows compared with the fp32 version (every path computes each token's row on its own)
 CHECK_LIMIT = 1e-2        # relative RMS: bf16 operands and a bf16 intermediate give ~4e-3; a wrong scale or layout gives ~1
-PEAKS = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12)}   # bytes/s, dense BF16 FLOP/s
 GATE_RULE = (f"every path's output on its first {CHECK_TOKENS} tokens is within {CHECK_LIMIT} relative RMS of the plain "
              "fp32 version (moe_decode_torch) at every token count timed, and finite")
 
 
 def peaks(gpu:str)->tuple:
-    "(bandwidth, BF16 FLOP/s) of the GPU named `gpu` (H200 figures when it is neither an H100 nor an H200)."
-    return next((v for k, v in PEAKS.items() if k in gpu), PEAKS["H200"])
+    """(bandwidth, dense BF16 FLOP/s) of the GPU named `gpu`: the budget's table of GPUs (H200 when the name is not in
+    it) and the BF16 peak of chapter performance's prefill ceiling (the same on the H100 and H200 SXM)."""
+    from solar_open2.budget import GPUS
+    from benchmarks.engine.perf.figures import H200_BF16_FLOPS
+    g = next((g for g in GPUS.values() if g.name in gpu), GPUS["h200"])
+    return g.bandwidth, H200_BF16_FLOPS
 
 def shared_global_scale(w13):
     "`w13` with the up rows' global scale set to the gate rows' (one scale per expert, what Marlin and one launch need)."

@@ -193,6 +193,7 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
     if a.ngram is not None and not 1 <= a.ngram <= 16: raise ValueError(f"--ngram must be 1..16 draft tokens, got {a.ngram}")
     if a.ngram and a.draft_head: raise ValueError("--ngram and --draft-head: one speculative method per engine")
     if a.prompt_period < 0: raise ValueError(f"--prompt-period must be >= 0 (0: random prompts), got {a.prompt_period}")
+    a.log_stats = a.log_stats or bool(a.ngram)                               # the ngram counters need vLLM's stats
     V = model_config(a.config).vocab_size
     if a.draft_vocab is None: a.draft_vocab = min(32768, V)
     if not 1 <= a.draft_vocab <= V: raise ValueError(f"--draft-vocab {a.draft_vocab}: must be in 1..{V} (the served vocabulary)")

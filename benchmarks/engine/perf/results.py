@@ -78,7 +78,7 @@ def settings(a, phase:str)->dict:
             "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
             "env": dict(a.env or []), "draft_head": a.draft_head, "draft_vocab": a.draft_vocab if a.draft_head else None,
             "ngram": getattr(a, "ngram", None), "prompt_period": getattr(a, "prompt_period", 0),
-            "log_stats": bool(getattr(a, "log_stats", False) or getattr(a, "ngram", None)),
+            "log_stats": getattr(a, "log_stats", False),
             "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,
             "batch_prompt": a.batch_prompt, "batch_tokens": a.batch_tokens, "profile": a.profile,

@@ -151,8 +151,8 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
         kw["compilation_config"] = cc
     if a.draft_head: kw["speculative_config"] = draft_head_config(a, model_dir)
     if getattr(a, "ngram", None):
-        kw["speculative_config"] = ngram_config(a.ngram)
-        kw["disable_log_stats"] = False                                  # LLM.get_metrics(): the speculative counters
+        from benchmarks.engine.spec import ngram_config
+        kw["speculative_config"] = ngram_config(a.ngram)               # stats on (resolve): LLM.get_metrics() counts its drafts
     if profile_dir:
         kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=str(profile_dir),
                                      torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
@@ -169,10 +169,6 @@ def draft_head_config(a, model_dir)->dict:
     d = Path(model_dir) / f"eagle3_draft_v{a.draft_vocab}"
     if not (d / "model.safetensors").exists(): write_eagle3_draft(d, cfg, scaled_taps(cfg.num_hidden_layers), draft_vocab=a.draft_vocab)
     return {"method": "eagle3", "model": str(d), "num_speculative_tokens": a.draft_head}
-
-def ngram_config(k:int)->dict:
-    "vLLM's speculative_config for `--ngram K`: prompt lookup over n-grams of 2 to 4 tokens, up to K tokens a step."
-    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 def token_prompt(n:int, vocab:int, seed:int, period:int=0)->list:
     """`n` token ids, deterministic in `seed`, away from the special ids at both ends of the vocabulary; with `period`
