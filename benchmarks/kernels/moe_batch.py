@@ -3,6 +3,7 @@
 weight layout, is fastest at each token count (issue 28: one MoE path, fastest at every batch size).
 
     python -m benchmarks.kernels.moe_batch [--tokens 1,2,4,8,16,32,64,128,512,8192] [--tiles BMxBNxBKxWARPSxSTAGES,...]
+                                           [--marlin-tiles GxKTxWxS/GxKTxWxS,...]
 
 Paths, each checked against the plain fp32 version (`moe_decode_torch`, on the first `CHECK_TOKENS` tokens) before any
 of its timings counts:
@@ -15,7 +16,10 @@ of its timings counts:
   for 320 experts) and Triton's default warps and stages (vLLM's launcher passes none);
 - `grouped` with a tile `BMxBNxBKxWARPSxSTAGES`: the same kernel, gate and up in one launch (one global scale per
   expert, as Marlin needs too), the tile's block sizes, warps and stages;
-- `decode`: the plugin's batch-1 kernels (`moe_decode_triton`, chapter 08_ops/moe_decode), up to 8 tokens.
+- `decode`: the plugin's batch-1 kernels (`moe_decode_triton`, chapter 08_ops/moe_decode), up to 8 tokens;
+- `marlin_decode` with a tile pair `GxKTxWARPSxSTAGES/GxKTxWARPSxSTAGES` (gate_up/down): the batch-1 kernels that read
+  Marlin's copy (`moe_marlin_triton`, chapter 08_ops/moe_marlin), up to 8 tokens, over the very tensors vLLM's
+  `prepare_nvfp4_moe_layer_for_marlin` wrote (`from_vllm`): its check holds the chapter's layout to vLLM's repack.
 
 Each timing captures the path's launches in a CUDA graph (`benchmarks.common.time_graph`), over `--rotations` routings
 so that consecutive calls select other experts. Reported per (tokens, path): microseconds, distinct experts read, the
@@ -36,6 +40,10 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 512, 8192)
 # BLOCK_M x BLOCK_N x BLOCK_K x warps x stages: small M blocks for decode batches (a few tokens per expert), large for prefill
 TILES = ((16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 4), (16, 128, 256, 8, 3), (32, 64, 128, 4, 3),
          (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3), (128, 256, 64, 8, 3))
+# gate_up / down tiles of the Marlin-layout decode kernels (column groups of 8, tile rows per step, warps, stages)
+MARLIN_TILES = (((1, 8, 4, 2), (1, 8, 4, 2)), ((1, 16, 4, 2), (1, 16, 4, 2)), ((1, 32, 4, 2), (2, 8, 4, 2)),
+                ((2, 16, 4, 3), (4, 8, 4, 2)), ((1, 16, 2, 3), (2, 16, 4, 2)), ((1, 64, 8, 2), (1, 32, 4, 2)),
+                ((4, 8, 4, 2), (8, 4, 4, 2)), ((2, 32, 8, 2), (2, 32, 8, 2)))
 CHECK_TOKENS = 4          # rows compared with the fp32 version (every path computes each token's row on its own)
 CHECK_LIMIT = 1e-2        # relative RMS: bf16 operands and a bf16 intermediate give ~4e-3; a wrong scale or layout gives ~1
 GATE_RULE = (f"every path's output on its first {CHECK_TOKENS} tokens is within {CHECK_LIMIT} relative RMS of the plain "
@@ -140,7 +148,7 @@ class Marlin:
         (self.w1, self.s1, self.g1, self.w2, self.s2, self.g2) = prepare_nvfp4_moe_layer_for_marlin(
             layer, w13.packed, w13.scale, w13.global_scale[:, 0].contiguous(), w2.packed, w2.scale,
             w2.global_scale[:, 0].contiguous(), is_act_and_mul=True)
-        self.workspace, self.E = layer.workspace, E
+        self.workspace, self.E, self.I = layer.workspace, E, N // 2
         self.bytes = sum(t.numel() * t.element_size() for t in (self.w1, self.s1, self.w2, self.s2))
 
     def __call__(self, x, ids, wts):
@@ -162,7 +170,7 @@ def gate(res:dict)->bool:
 
 def run(tokens=TOKENS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_paths=(), device:str="cuda",
         shapes:dict|None=None, timer=None, rotations:int=4, align=None, marlin:bool=True, decode:bool=True,
-        default_cfg=None, dtype=None)->dict:
+        default_cfg=None, dtype=None, marlin_tiles=MARLIN_TILES)->dict:
     """Per token count: check then time each path (`marlin`, `grouped_default`, `grouped` per tile, `decode` up to 8
     tokens); returns the result (also written to `out_paths` after every timing). `device`, `shapes`, `timer`, `align`,
     `marlin`, `decode`, `default_cfg` and `dtype` (of the activations, default bf16) exist for the CPU test (Triton's
@@ -183,9 +191,12 @@ def run(tokens=TOKENS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_pat
     per = expert_bytes(I, K, H)
     res["raw_bytes"] = sum(t.numel() * t.element_size() for t in (w13.packed, w13.scale, w2.packed, w2.scale))
     mar = None
+    res["marlin_tiles"] = [[list(g), list(d)] for g, d in marlin_tiles]
     if marlin:
+        from solar_open2.vllm.ops import moe_marlin as mm
         mar = Marlin(w13, w2)
         res["marlin_bytes"] = mar.bytes                                           # its copy: the same bytes, another layout
+        m13, m2 = mm.from_vllm(mar.w1, mar.s1, mar.g1, torch.bfloat16), mm.from_vllm(mar.w2, mar.s2, mar.g2, torch.bfloat16)
     late = lambda: time.perf_counter() - t0 > deadline_s
     res["best"] = {}
     for M in tokens:
@@ -205,6 +216,11 @@ def run(tokens=TOKENS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_pat
             cfg = dict(zip(("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages"), t))
             paths.append(("grouped", cfg, lambda x, i, w, cfg=cfg: grouped(x, i, w, w13, w2, cfg, align)))
         if decode and M <= 8: paths.append(("decode", None, lambda x, i, w: md.moe_decode_triton(x, i, w, w13, w2)))
+        if mar is not None and M <= 8:
+            for tg, td in marlin_tiles:
+                t = (mm.MarlinTile(*tg), mm.MarlinTile(*td))
+                paths.append(("marlin_decode", {"gate_up": list(tg), "down": list(td)},
+                              lambda x, i, w, t=t: mm.moe_marlin_triton(x, i, w, m13, m2, mar.I, gate_up=t[0], down=t[1])))
         best = {}
         for name, cfg, fn in paths:
             if late(): res["skipped"].append({"tokens": M, "path": name, "config": cfg}); continue
@@ -219,7 +235,7 @@ def run(tokens=TOKENS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_pat
                  "bytes": round(nbytes), "fraction_of_bandwidth": round(nbytes / (us * 1e-6) / bw, 3),
                  "tflops": round(flops / (us * 1e-6) / 1e12, 1), "fraction_of_bf16_peak": round(flops / (us * 1e-6) / flops_peak, 3)}
             res["timings"].append(r); print(json.dumps(r), flush=True); save()
-            key = "grouped" if name == "grouped" else name
+            key = name
             if key not in best or r["us"] < best[key]["us"]: best[key] = r
         if "marlin" in best:
             for b in best.values(): b["marlin_over_this"] = round(best["marlin"]["us"] / b["us"], 3)
@@ -233,14 +249,19 @@ def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=TOKENS)
     ap.add_argument("--tiles", type=tile_list, default=TILES, help="BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES,... for the grouped kernel")
+    ap.add_argument("--marlin-tiles", type=lambda v: tuple(tuple(tuple(int(n) for n in t.split("x")) for t in pair.split("/"))
+                                                           for pair in v.split(",")), default=MARLIN_TILES,
+                    help="GxKTxWARPSxSTAGES/GxKTxWARPSxSTAGES,... gate_up/down tiles of the Marlin-layout decode kernels")
     ap.add_argument("--rotations", type=int, default=4, help="routings per graph (other experts on each call)")
     add_run_args(ap, reps=20, deadline_s=240.0)
     a = ap.parse_args(argv)
     bad = [t for t in a.tiles if len(t) != 5]
     if bad: ap.error(f"--tiles: each tile is BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES (5 numbers), got {bad}")
+    bad = [p for p in a.marlin_tiles if len(p) != 2 or any(len(t) != 4 for t in p)]
+    if bad: ap.error(f"--marlin-tiles: each entry is GxKTxWARPSxSTAGES/GxKTxWARPSxSTAGES (gate_up/down), got {bad}")
     outs = result_paths("moe_batch", a.results_dir, a.out)
     if outs is None: return 2
-    res = run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, rotations=a.rotations)
+    res = run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, marlin_tiles=a.marlin_tiles)
     for c in res["checks"]:
         if not (c["finite"] and c["rel_rms"] < CHECK_LIMIT): print("CHECK FAILED", c)
     for M, b in res["best"].items():
