@@ -103,6 +103,6 @@ def test_every_tile_table_says_where_it_was_measured():
         mod = importlib.import_module(m)
         tables.update({f"{m}.{k}": v for k, v in vars(mod).items() if k.isupper() and (k.endswith("TILES") or k == "FLAT_OFF")})
     assert set(tables) == {f"solar_open2.vllm.ops.{n}" for n in ("gemv.GEMV_TILES", "gemv.PAIR_TILES", "gemv.FLAT_OFF", "kda_gates.GATE_TILES",
-                           "kda_decode.DECODE_TILES", "moe_decode.TILES", "moe_decode.PAIR_TILES", "moe_route.ROUTE_TILES")}, sorted(tables)
+                           "kda_decode.DECODE_TILES", "moe_decode.TILES", "moe_decode.PAIR_TILES", "moe_marlin.MARLIN_TILES", "moe_route.ROUTE_TILES")}, sorted(tables)
     for name, t in tables.items():
         assert isinstance(t, TileTable) and t.archs == (H200,) and t.source, name
