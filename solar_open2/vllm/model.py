@@ -36,8 +36,8 @@ from .config import fp32_dots, refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, apply_kda, kda_fused_target, kda_state_copy_func, kda_state_dtype,
                                   kda_state_shape, load_kda_tensor)
 from .linear import pair_apply, use_gemv_kernels, use_gemv_pairs
-from .moe import SolarMoERouter, SolarOpen2MoE, apply_moe
-from .ops import kda_decode, kda_gates, moe_decode, moe_route, tiles
+from .moe import SolarMoERouter, SolarOpen2MoE, apply_moe, use_marlin_experts
+from .ops import kda_decode, kda_gates, moe_decode, moe_marlin, moe_route, tiles
 from .ops.gemv import GemvTables
 from .options import Options, on_arch, options_of
 
@@ -196,13 +196,14 @@ def apply(model:nn.Module, # a built `SolarOpen2ForCausalLM`, weights not yet lo
     "Give every layer of `model` the kernels `opts` choose and the layer can take."
     kda = [apply_kda(m, opts) for m in model.modules() if isinstance(m, SolarOpen2KDA)]
     moes = [apply_moe(m, opts) for m in model.modules() if isinstance(m, SolarOpen2MoE)]
+    marlin = [opts.moe_marlin_kernels and use_marlin_experts(m.experts) for m in model.modules() if isinstance(m, SolarOpen2MoE)]
     tables = model.gemv_tables()
     if opts.gemv_kernel and not opts.gemv_flat: tables = tables.without_flat()
     gemv = use_gemv_kernels(model, tables.single) if opts.gemv_kernel else []
     pairs = use_gemv_pairs(model, tables) if opts.gemv_pairs else []
     return {"gemv": gemv, "gemv_pairs": pairs, "gemv_table": tables.single.name,
             "kda_gate_kernel": sum(l.gate_kernel for l in kda), "kda_decode_kernel": sum(l.decode_kernel for l in kda),
-            "kda_decode_gates": sum(l.decode_gates for l in kda), "moe_kernels": sum(moes),
+            "kda_decode_gates": sum(l.decode_gates for l in kda), "moe_kernels": sum(moes), "moe_marlin_kernels": sum(marlin),
             "router_kernel": sum(isinstance(getattr(m.experts, "router", None), SolarMoERouter) for m in model.modules()
                                  if isinstance(m, SolarOpen2MoE)),
             "kda_layers": len(kda), "moe_layers": len(moes)}
@@ -213,12 +214,13 @@ def _summary(opts:Options, done:dict)->str:
     return (f"solar_open2: options off: {', '.join(off) or 'none'}; {len(done['gemv'])} linear layers on the GEMV kernels "
             f"({done['gemv_table']}), {len(done['gemv_pairs'])} pairs one launch each; KDA layers with the gate kernels "
             f"{done['kda_gate_kernel']}/{done['kda_layers']}, the decode kernel {done['kda_decode_kernel']}/{done['kda_layers']} "
-            f"(gates mode {done['kda_decode_gates']}); MoE layers on our experts {done['moe_kernels']}/{done['moe_layers']}")
+            f"(gates mode {done['kda_decode_gates']}); MoE layers on our experts {done['moe_kernels']}/{done['moe_layers']}, "
+            f"on Marlin's with our decode {done.get('moe_marlin_kernels', 0)}/{done['moe_layers']}")
 
 # %% ../../nbs/08_vllm/07_model.ipynb #f4a776f9
 KERNEL_LAUNCHERS = {"gemv": ("gemv_triton",), "gemv_pairs": ("gemv_pair_triton",), "kda_gate_kernel": ("kda_gates_triton",),
                     "kda_decode_kernel": ("kda_decode_triton", "kda_decode_lr_triton"), "moe_kernels": ("moe_decode_triton",),
-                    "router_kernel": ("route_triton",)}   # `apply`'s record key -> the launchers (ops) that serve it
+                    "moe_marlin_kernels": ("moe_marlin_triton",), "router_kernel": ("route_triton",)}   # `apply`'s record key -> the launchers (ops) that serve it
 
 def _count(v)->int: return len(v) if isinstance(v, (list, tuple)) else int(v or 0)
 
@@ -322,7 +324,7 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsEagle, S
         g = self.gemv_tables()
         return {"gemv_kernel": (g.single, g.pairs, g.flat_off), "kda_gate_kernel": (kda_gates.GATE_TILES,),
                 "kda_decode_kernel": (kda_decode.DECODE_TILES,), "router_kernel": (moe_route.ROUTE_TILES,),
-                "moe_kernels": (moe_decode.TILES, moe_decode.PAIR_TILES)}
+                "moe_kernels": (moe_decode.TILES, moe_decode.PAIR_TILES), "moe_marlin_kernels": (moe_marlin.MARLIN_TILES,)}
 
     def embed_input_ids(self, input_ids:torch.Tensor)->torch.Tensor: return self.model.embed_input_ids(input_ids)
 

@@ -16,8 +16,10 @@ from .compat import FusedMoE   # renamed FusedMoEFactory in vLLM 0.33.0
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.experts.nvfp4_emulation_moe import (
     Nvfp4QuantizationEmulationTritonExperts, invoke_fused_moe_nvfp4_emulation_kernel)
+from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
 from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
 from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
 from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopKRouter
 from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import TopKWeightAndReduceNoOP
 from vllm.model_executor.layers.fused_moe.utils import _resize_cache
@@ -26,6 +28,7 @@ from vllm.model_executor.layers.linear import MergedColumnParallelLinear, Replic
 from ..config import SolarOpen2Config
 from .ops import interpreting
 from .ops.moe_decode import NVFP4Experts, moe_decode_triton
+from .ops.moe_marlin import MARLIN_BIAS, from_vllm, moe_marlin_triton
 from .ops.moe_route import ROUTE_MAX_TOKENS, route_triton
 from .ops.nvfp4_dot import pairs_buffers
 from .options import Options
@@ -34,7 +37,7 @@ logger = init_logger(__name__)
 
 # %% auto #0
 __all__ = ['logger', 'SolarOpen2MLP', 'SolarOpen2MoE', 'SolarMoERouter', 'RouterGate', 'TritonNVFP4Experts', 'DirectOutput',
-           'use_triton_experts', 'ActPairs', 'apply_moe']
+           'use_triton_experts', 'MarlinDecodeExperts', 'use_marlin_experts', 'ActPairs', 'apply_moe']
 
 # %% ../../nbs/08_vllm/06_moe.ipynb #5e99379c
 class SolarOpen2MLP(nn.Module):
@@ -231,6 +234,47 @@ def use_triton_experts(moe:torch.nn.Module)->bool:
     if not hasattr(routed, "w13_weight_global_scale"): return False   # ModelOpt keeps one w13 scale after loading: vLLM's own
     qm.experts_cls = TritonNVFP4Experts
     logger.info_once("solar_open2: routed experts through TritonNVFP4Experts (moe_backend=emulation)")
+    return True
+
+# %% ../../nbs/08_vllm/06_moe.ipynb #9c0ccafe
+class MarlinDecodeExperts(MarlinExperts):
+    """vLLM's Marlin experts, with batches of at most `decode_max_tokens` tokens through `moe_marlin_triton` over the same
+    repacked tensors (weight-only, as Marlin); larger batches, and what the kernels do not cover, through Marlin's GEMM."""
+    decode_max_tokens = 8
+    _layout = None                                                           # (w1, w2, dtype, (MarlinNVFP4, MarlinNVFP4))
+
+    def marlin_layout(self, w1:torch.Tensor, w2:torch.Tensor, dtype:torch.dtype)->tuple:
+        "The layer's Marlin tensors as `MarlinNVFP4` (views, built once per weight tensors and activation dtype)."
+        c = self._layout
+        if c is None or c[0] is not w1 or c[1] is not w2 or c[2] != dtype:
+            c = self._layout = (w1, w2, dtype, (from_vllm(w1, self.w1_scale, self.g1_alphas, dtype),
+                                                from_vllm(w2, self.w2_scale, self.g2_alphas, dtype)))
+        return c[3]
+
+    def decodes(self, x:torch.Tensor, activation, expert_map, apply_router_weight_on_input:bool)->bool:
+        "Whether this batch runs through the decode kernels."
+        return (x.size(0) <= self.decode_max_tokens and expert_map is None and activation == MoEActivation.SILU
+                and not apply_router_weight_on_input and x.dtype in MARLIN_BIAS and self.gemm1_clamp_limit is None
+                and getattr(self, "_lora_context", None) is None and self.w1_bias is None and self.w2_bias is None)
+
+    def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts, expert_map,
+              a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta, apply_router_weight_on_input):
+        if self.decodes(hidden_states, activation, expert_map, apply_router_weight_on_input):
+            m13, m2 = self.marlin_layout(w1, w2, hidden_states.dtype)
+            moe_marlin_triton(hidden_states, topk_ids, topk_weights, m13, m2, m2.shape[2], out=output)   # [M, K] in place
+            return
+        super().apply(output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts, expert_map,
+                      a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta, apply_router_weight_on_input)
+
+def use_marlin_experts(moe:torch.nn.Module)->bool:
+    """Make a vLLM MoE layer build `MarlinDecodeExperts` where vLLM's NVFP4 oracle picked Marlin for a compressed-tensors
+    NVFP4 checkpoint. Call before weights load. Returns whether it did."""
+    routed = getattr(moe, "routed_experts", moe)
+    qm = getattr(routed, "quant_method", None)
+    if getattr(qm, "experts_cls", None) is not MarlinExperts: return False
+    if getattr(qm, "nvfp4_backend", None) != NvFp4MoeBackend.MARLIN or not hasattr(routed, "w13_weight_global_scale"): return False
+    qm.experts_cls = MarlinDecodeExperts
+    logger.info_once("solar_open2: decode batches of the routed experts over Marlin's layout (MarlinDecodeExperts)")
     return True
 
 # %% ../../nbs/08_vllm/06_moe.ipynb #e5039976
