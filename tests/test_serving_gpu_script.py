@@ -239,3 +239,25 @@ def test_checks_script_tail_halves_and_the_moe_batch_job(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-batch"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "moe-batch times decode steps" in r.stderr
+
+
+def test_checks_script_moe_rank_runs_issue_28s_ab_the_perf_parser_accepts(tmp_path):
+    """checks.sh moe-rank (issue 28): one perf A/B at the rank config over single-stream decode, 8/32/64 streams and an
+    8K prefill: no MoE flag, Marlin alone, the emulation backend; every variant's flags parse in perf's own parser and
+    switch what they name; timed, so TOGETHER=1 refuses it."""
+    from benchmarks.engine import perf as ph
+    site, log = fake_site(tmp_path, args=True)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "520", "MOE_RANK_ARGS": "--decode-tokens 64"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-rank"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "== moe-rank: exit 0" in r.stdout, r.stderr
+    argv = log.read_text().splitlines()
+    a = ph.parse_args(argv[2:])
+    assert (a.config, a.phase, a.only, a.decode_contexts, a.batch_sizes, a.prefill_contexts, a.decode_tokens, a.deadline_s) == (
+        "rank", "ab", ("decode", "batch", "prefill"), [2048], [8, 32, 64], [8192], 64, 520)
+    assert [n for n, _ in a.ab_variants] == ["default", "marlin", "emulation"]
+    got = {n: ph.parse_args(argv[2:] + flags) for n, flags in a.ab_variants}
+    assert (got["default"].moe_marlin_kernels, got["default"].moe_backend) == (None, "auto")     # no flag: the plugin's default
+    assert got["marlin"].moe_marlin_kernels is False and got["emulation"].moe_backend == "emulation"
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-rank"], capture_output=True, text=True,
+                       env={**env, "TOGETHER": "1"})
+    assert r.returncode == 2 and "moe-rank times decode steps" in r.stderr

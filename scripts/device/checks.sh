@@ -39,6 +39,11 @@
 #   moe-batch     one MoE layer's routed experts at the rank shapes, 1 to 8,192 tokens (benchmarks.kernels.moe_batch, issue
 #                 28): vLLM's Marlin, vLLM's emulation kernel as the plugin launches it and with explicit tiles, the plugin's
 #                 decode kernels, each checked against fp32 first (timed: never TOGETHER; fits an H100; MOE_BATCH_ARGS: more)
+#   moe-rank      issue 28's table at one TP2 rank of the real model (timed: never TOGETHER; needs an H200): single-stream
+#                 decode at 2K, batch decode at 8, 32 and 64 streams, prefill at 8K, CUDA graphs, three engines in one job
+#                 (benchmarks.engine.perf --phase ab): no MoE flag (Marlin with the plugin's decode kernels over its copy),
+#                 Marlin alone (--no-moe-marlin-kernels) and the emulation backend (--moe-backend emulation), into
+#                 $OUT/moe-rank/ (MOE_RANK_ARGS: more perf options; about 150 s an engine on a warm machine)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -121,6 +126,10 @@ run_one() {
         --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${ab[@]}" ;;
     moe-batch) read -r -a MB_EXTRA <<< "${MOE_BATCH_ARGS:-}"
       job "$j" python3 -m benchmarks.kernels.moe_batch --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MB_EXTRA[@]}" ;;
+    moe-rank) read -r -a MR_EXTRA <<< "${MOE_RANK_ARGS:-}"
+      job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode,batch,prefill --decode-contexts 2048 \
+        --batch-sizes 8,32,64 --prefill-contexts 8192 --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MR_EXTRA[@]}" \
+        --ab "default=" --ab "marlin=--no-moe-marlin-kernels" --ab "emulation=--moe-backend emulation" ;;
     spec-e2e)
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
@@ -131,7 +140,7 @@ run_one() {
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done
