@@ -243,7 +243,7 @@ def test_checks_script_tail_halves_and_the_moe_batch_job(tmp_path):
 
 def test_checks_script_moe_rank_runs_issue_28s_ab_the_perf_parser_accepts(tmp_path):
     """checks.sh moe-rank (issue 28): one perf A/B at the rank config over single-stream decode, 8/32/64 streams and an
-    8K prefill: no MoE flag, Marlin alone, the emulation backend; every variant's flags parse in perf's own parser and
+    8K prefill: no MoE flag, Marlin with the decode kernels over its copy, the emulation backend; every variant's flags parse in perf's own parser and
     switch what they name; timed, so TOGETHER=1 refuses it."""
     from benchmarks.engine import perf as ph
     site, log = fake_site(tmp_path, args=True)
@@ -254,10 +254,10 @@ def test_checks_script_moe_rank_runs_issue_28s_ab_the_perf_parser_accepts(tmp_pa
     a = ph.parse_args(argv[2:])
     assert (a.config, a.phase, a.only, a.decode_contexts, a.batch_sizes, a.prefill_contexts, a.decode_tokens, a.deadline_s) == (
         "rank", "ab", ("decode", "batch", "prefill"), [2048], [8, 32, 64], [8192], 64, 520)
-    assert [n for n, _ in a.ab_variants] == ["default", "marlin", "emulation"]
+    assert [n for n, _ in a.ab_variants] == ["default", "marlin_decode", "emulation"]
     got = {n: ph.parse_args(argv[2:] + flags) for n, flags in a.ab_variants}
     assert (got["default"].moe_marlin_kernels, got["default"].moe_backend) == (None, "auto")     # no flag: the plugin's default
-    assert got["marlin"].moe_marlin_kernels is False and got["emulation"].moe_backend == "emulation"
+    assert got["marlin_decode"].moe_marlin_kernels is True and got["emulation"].moe_backend == "emulation"
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-rank"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "moe-rank times decode steps" in r.stderr

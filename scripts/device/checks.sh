@@ -41,8 +41,8 @@
 #                 decode kernels, each checked against fp32 first (timed: never TOGETHER; fits an H100; MOE_BATCH_ARGS: more)
 #   moe-rank      issue 28's table at one TP2 rank of the real model (timed: never TOGETHER; needs an H200): single-stream
 #                 decode at 2K, batch decode at 8, 32 and 64 streams, prefill at 8K, CUDA graphs, three engines in one job
-#                 (benchmarks.engine.perf --phase ab): no MoE flag (Marlin with the plugin's decode kernels over its copy),
-#                 Marlin alone (--no-moe-marlin-kernels) and the emulation backend (--moe-backend emulation), into
+#                 (benchmarks.engine.perf --phase ab): no MoE flag (today Marlin alone), Marlin with the plugin's decode
+#                 kernels over its copy (--moe-marlin-kernels) and the emulation backend (--moe-backend emulation), into
 #                 $OUT/moe-rank/ (MOE_RANK_ARGS: more perf options; about 150 s an engine on a warm machine)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
@@ -129,7 +129,7 @@ run_one() {
     moe-rank) read -r -a MR_EXTRA <<< "${MOE_RANK_ARGS:-}"
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode,batch,prefill --decode-contexts 2048 \
         --batch-sizes 8,32,64 --prefill-contexts 8192 --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MR_EXTRA[@]}" \
-        --ab "default=" --ab "marlin=--no-moe-marlin-kernels" --ab "emulation=--moe-backend emulation" ;;
+        --ab "default=" --ab "marlin_decode=--moe-marlin-kernels" --ab "emulation=--moe-backend emulation" ;;
     spec-e2e)
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
