@@ -20,8 +20,8 @@ from .tiles import H200, TileTable
 # %% auto #0
 __all__ = ['TILE_K', 'TILE_N', 'MARLIN_BIAS', 'MARLIN_TILES', 'CHECK_CASES', 'marlin_codes', 'plain_codes', 'scale_factor_for',
            'scale_columns', 'marlin_scale_bytes', 'scale_values', 'MarlinNVFP4', 'from_experts', 'from_vllm',
-           'scale_of', 'marlin_words', 'marlin_step', 'marlin_gate_up_kernel', 'marlin_down_kernel', 'MarlinTile',
-           'moe_marlin_triton', 'self_check']
+           'scale_of', 'marlin_words', 'marlin_step', 'marlin_acc', 'marlin_finish', 'marlin_gate_up_kernel',
+           'marlin_down_kernel', 'MarlinTile', 'moe_marlin_triton', 'self_check']
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #d400db1f
 TILE_K, TILE_N = 16, 64          # a Marlin tile: 16 inputs by 64 columns, 128 words
@@ -167,9 +167,13 @@ def marlin_words(w, xa, xb, xc, xd):
     return p0, p1
 
 @triton.jit
-def marlin_step(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT:tl.constexpr, C:tl.constexpr):
+def marlin_step(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT:tl.constexpr, C:tl.constexpr,
+                FLAT:tl.constexpr=False):
     """Tile rows `kts` [BKT] of `C` column groups (their first word `col` [C], the scale byte of column n0 `sc` [C, 4]) ·
-    inputs at `x_base` (the first `XK` valid) -> the sums of columns n0 and n0 + 8, [BKT, C, 4] each, scaled, · 2^-14."""
+    inputs at `x_base` (the first `XK` valid) -> the sums of columns n0 and n0 + 8, [BKT, C, 4] each, scaled, · 2^-14.
+    `FLAT`: per word instead, [BKT, 16·C] each (word 16c + 4q + w), not summed over q (`marlin_finish` sums)."""
+    if FLAT:
+        return _step_flat(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT, C)
     q, w4 = tl.arange(0, 4), tl.arange(0, 4)                                    # word 4q + w of a group's 16
     hk = kts[:, None, None, None] * 16 + 2 * q[None, None, :, None]             # [BKT, 1, 4, 1]: input 2q of each word
     xa = tl.load(x_base + hk, mask=hk < XK, other=0.0).to(tl.float32)
@@ -197,11 +201,48 @@ def _groups(pid, NG, C:tl.constexpr):
     sc = (nt * 64 + 8 * c)[:, None] + (4 * (w4 // 2) + w4 % 2)[None, :]
     return g < NG, nt * 128 + 16 * c, sc, (nt * 64 + c)[:, None] + 16 * w4[None, :]
 
+@triton.jit
+def _step_flat(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT:tl.constexpr, C:tl.constexpr):
+    "`marlin_step` with `FLAT`: 2-D, every word's partial sums kept apart, the scales gathered per word: no reduction in the loop."
+    L = tl.arange(0, 16 * C)                                                    # word 16c + 4q + w of the program's groups
+    ci, q, w = L // 16, (L // 4) % 4, L % 4
+    colw = tl.reshape(tl.broadcast_to(col[:, None], (C, 16)), (16 * C,)) + L % 16    # [16C]: the word in a tile row
+    scw = tl.reshape(tl.broadcast_to(sc[:, None, :], (C, 4, 4)), (16 * C,))     # [16C]: column n0's scale byte, per word
+    gmw = tl.reshape(tl.broadcast_to(gm[:, None], (C, 16)), (16 * C,))
+    hk = kts[:, None] * 16 + 2 * q[None, :]                                     # [BKT, 16C]: input 2q of each word
+    xa = tl.load(x_base + hk, mask=hk < XK, other=0.0).to(tl.float32)
+    xb = tl.load(x_base + hk + 1, mask=hk + 1 < XK, other=0.0).to(tl.float32)
+    xc = tl.load(x_base + hk + 8, mask=hk + 8 < XK, other=0.0).to(tl.float32)
+    xd = tl.load(x_base + hk + 9, mask=hk + 9 < XK, other=0.0).to(tl.float32)
+    wm = (kts < KT)[:, None] & gmw[None, :]                                     # [BKT, 16C]
+    wd = tl.load(w_base + kts[:, None] * ROW_W + colw[None, :], mask=wm, other=0).to(tl.uint32, bitcast=True)
+    p0, p1 = marlin_words(wd, xa, xb, xc, xd)
+    sp = s_base + kts[:, None] * ROW_S + scw[None, :]
+    s0 = scale_of(tl.load(sp, mask=wm, other=0).to(tl.int32))
+    s1 = scale_of(tl.load(sp + 2, mask=wm, other=0).to(tl.int32))
+    return p0 * s0, p1 * s1
+
+@triton.jit
+def marlin_acc(BKT:tl.constexpr, C:tl.constexpr, FLAT:tl.constexpr):
+    "A zero accumulator of `marlin_step`'s shape: [BKT, 16·C] with `FLAT`, else [BKT, C, 4]."
+    if FLAT:
+        return tl.zeros([BKT, 16 * C], dtype=tl.float32)
+    else:
+        return tl.zeros([BKT, C, 4], dtype=tl.float32)
+
+@triton.jit
+def marlin_finish(acc, BKT:tl.constexpr, C:tl.constexpr, FLAT:tl.constexpr):
+    "An accumulator summed over tile rows (and, `FLAT`, over q): [C, 4], column n0 (or n0 + 8) of each group and w."
+    if FLAT:
+        return tl.sum(tl.reshape(tl.sum(acc, axis=0), (C, 4, 4)), axis=1)     # [16C] -> [C, q, w] -> [C, w]
+    else:
+        return tl.sum(acc, axis=0)
+
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #da4ed90a
 @triton.jit
 def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, topk,
                           stride_xm, stride_we, stride_se, stride_hm,
-                          C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr):
+                          C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, FLAT:tl.constexpr=False):
     """One (group block, token-expert pair): h = silu(G x) ⊙ (U x) for C groups of 8 gate columns, from w13 in Marlin's
     layout ([E, K/16, 4·IP] words: gate rows 0..IP-1, up rows IP..2·IP-1, each padded to IP; the first I are real)."""
     pid, pair = tl.program_id(0), tl.program_id(1)
@@ -209,21 +250,21 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
     gm, col, sc, n0 = _groups(pid, IP // 8, C)
     KT = K // 16
     wb, sb, xb = w_ptr + e * stride_we, s_ptr + e * stride_se, x_ptr + (pair // topk) * stride_xm
-    ag0 = tl.zeros([BKT, C, 4], dtype=tl.float32)
-    ag1 = tl.zeros([BKT, C, 4], dtype=tl.float32)
-    au0 = tl.zeros([BKT, C, 4], dtype=tl.float32)
-    au1 = tl.zeros([BKT, C, 4], dtype=tl.float32)
+    ag0 = marlin_acc(BKT, C, FLAT)
+    ag1 = marlin_acc(BKT, C, FLAT)
+    au0 = marlin_acc(BKT, C, FLAT)
+    au1 = marlin_acc(BKT, C, FLAT)
     for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
         kts = k0 + tl.arange(0, BKT)
-        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col, sc, KT, K, 4 * IP, 2 * IP, BKT, C)
+        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col, sc, KT, K, 4 * IP, 2 * IP, BKT, C, FLAT)
         ag0 += a0
         ag1 += a1
-        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col + 2 * IP, sc + IP, KT, K, 4 * IP, 2 * IP, BKT, C)   # up: row n + IP
+        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col + 2 * IP, sc + IP, KT, K, 4 * IP, 2 * IP, BKT, C, FLAT)   # up: row n + IP
         au0 += a0
         au1 += a1
     gs = tl.load(g_ptr + e) * 16384.0                                           # the expert's global scale, 2^14
-    g0, u0 = tl.sum(ag0, axis=0) * gs, tl.sum(au0, axis=0) * gs                 # [C, 4]: columns n0
-    g1, u1 = tl.sum(ag1, axis=0) * gs, tl.sum(au1, axis=0) * gs                 # columns n0 + 8
+    g0, u0 = marlin_finish(ag0, BKT, C, FLAT) * gs, marlin_finish(au0, BKT, C, FLAT) * gs   # [C, 4]: columns n0
+    g1, u1 = marlin_finish(ag1, BKT, C, FLAT) * gs, marlin_finish(au1, BKT, C, FLAT) * gs   # columns n0 + 8
     hp = h_ptr + pair * stride_hm
     tl.store(hp + n0, g0 / (1.0 + tl.exp(-g0)) * u0, mask=gm[:, None] & (n0 < I))
     tl.store(hp + n0 + 8, g1 / (1.0 + tl.exp(-g1)) * u1, mask=gm[:, None] & (n0 + 8 < I))
@@ -231,7 +272,7 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
 @triton.jit
 def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, IP, H, topk,
                        stride_hm, stride_we, stride_se, stride_om,
-                       C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr):
+                       C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, FLAT:tl.constexpr=False):
     "One (group block, token): out = Σ_j w_j · D[e_j] h_j for C groups of 8 outputs, from w2 in Marlin's layout ([E, IP/16, 2H])."
     pid, m = tl.program_id(0), tl.program_id(1)
     gm, col, sc, n0 = _groups(pid, H // 8, C)
@@ -242,15 +283,15 @@ def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, I
         pair = m * topk + j
         e = tl.load(ids_ptr + pair).to(tl.int64)
         wb, sb, hb = w_ptr + e * stride_we, s_ptr + e * stride_se, h_ptr + pair * stride_hm
-        a0 = tl.zeros([BKT, C, 4], dtype=tl.float32)
-        a1 = tl.zeros([BKT, C, 4], dtype=tl.float32)
+        a0 = marlin_acc(BKT, C, FLAT)
+        a1 = marlin_acc(BKT, C, FLAT)
         for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
-            p0, p1 = marlin_step(wb, sb, hb, k0 + tl.arange(0, BKT), gm, col, sc, KT, I, 2 * H, H, BKT, C)
+            p0, p1 = marlin_step(wb, sb, hb, k0 + tl.arange(0, BKT), gm, col, sc, KT, I, 2 * H, H, BKT, C, FLAT)
             a0 += p0
             a1 += p1
         wt = tl.load(wts_ptr + pair) * tl.load(g_ptr + e) * 16384.0
-        o0 += tl.sum(a0, axis=0) * wt
-        o1 += tl.sum(a1, axis=0) * wt
+        o0 += marlin_finish(a0, BKT, C, FLAT) * wt
+        o1 += marlin_finish(a1, BKT, C, FLAT) * wt
     op = o_ptr + m * stride_om
     tl.store(op + n0, o0, mask=gm[:, None])
     tl.store(op + n0 + 8, o1, mask=gm[:, None])
@@ -258,11 +299,12 @@ def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, I
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #040b6ea5
 @dataclass(frozen=True)
 class MarlinTile:
-    "Launch parameters of one kernel: column groups of 8 per program, tile rows (16 inputs) per step, warps, pipeline stages."
+    "Launch parameters of one kernel: column groups of 8 per program, tile rows (16 inputs) per step, warps, pipeline stages, loop form."
     groups:int = 1
     k_tiles:int = 8
     num_warps:int = 4
     num_stages:int = 2
+    flat:bool = False             # True: per-word sums through the loop, reduced after it (`marlin_step`'s `FLAT`)
     def __post_init__(self):
         for f in ("groups", "k_tiles", "num_warps"):
             v = getattr(self, f)
@@ -306,18 +348,20 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     marlin_gate_up_kernel[(cdiv(IP // 8, g.groups), M * k)](
         x, ids, w13.words, w13.scale, w13.global_scale, h, K, I, IP, k,
         x.stride(0), w13.words.stride(0), w13.scale.stride(0), h.stride(0),
-        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, num_warps=g.num_warps)
+        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, FLAT=g.flat, num_warps=g.num_warps)
     marlin_down_kernel[(cdiv(H // 8, d.groups), M)](
         h, ids, wts, w2.words, w2.scale, w2.global_scale, out, I, IP, H, k,
         h.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
-        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, num_warps=d.num_warps)
+        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, FLAT=d.flat, num_warps=d.num_warps)
     return out
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #ca89381c
-CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile)
+CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile: MarlinTile's fields)
     (3, 128, 64, 128, 2, 2, (1, 4, 4, 1), (1, 4, 4, 1)),
     (4, 64, 96, 192, 3, 3, (2, 2, 4, 2), (4, 8, 4, 2)),     # I = 96: padded to 128; BKT = 8 > I/16 for down
     (5, 256, 48, 64, 1, 5, (1, 8, 2, 1), (8, 2, 4, 3)),     # k = 5; all 8 groups of H in one program
+    (3, 128, 64, 128, 2, 2, (1, 4, 4, 1, True), (2, 4, 4, 1, True)),    # the flat loop
+    (5, 256, 48, 64, 1, 5, (2, 8, 2, 1, True), (8, 2, 4, 3, True)),
 )
 
 def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, broken:bool=False)->list:
