@@ -246,8 +246,7 @@ def run(tokens=TOKENS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_pat
                  "bytes": round(nbytes), "fraction_of_bandwidth": round(nbytes / (us * 1e-6) / bw, 3),
                  "tflops": round(flops / (us * 1e-6) / 1e12, 1), "fraction_of_bf16_peak": round(flops / (us * 1e-6) / flops_peak, 3)}
             res["timings"].append(r); print(json.dumps(r), flush=True); save()
-            key = name
-            if key not in best or r["us"] < best[key]["us"]: best[key] = r
+            if name not in best or r["us"] < best[name]["us"]: best[name] = r
         if "marlin" in best:
             for b in best.values(): b["marlin_over_this"] = round(best["marlin"]["us"] / b["us"], 3)
         res["best"][str(M)] = best

@@ -36,7 +36,7 @@ from .config import fp32_dots, refuse_speculative, solar_config_of
 from .kda import (SolarOpen2KDA, apply_kda, kda_fused_target, kda_state_copy_func, kda_state_dtype,
                                   kda_state_shape, load_kda_tensor)
 from .linear import pair_apply, use_gemv_kernels, use_gemv_pairs
-from .moe import SolarMoERouter, SolarOpen2MoE, apply_moe, use_marlin_experts
+from .moe import SolarMoERouter, SolarOpen2MoE, apply_moe
 from .ops import kda_decode, kda_gates, moe_decode, moe_marlin, moe_route, tiles
 from .ops.gemv import GemvTables
 from .options import Options, on_arch, options_of
@@ -196,14 +196,14 @@ def apply(model:nn.Module, # a built `SolarOpen2ForCausalLM`, weights not yet lo
     "Give every layer of `model` the kernels `opts` choose and the layer can take."
     kda = [apply_kda(m, opts) for m in model.modules() if isinstance(m, SolarOpen2KDA)]
     moes = [apply_moe(m, opts) for m in model.modules() if isinstance(m, SolarOpen2MoE)]
-    marlin = [opts.moe_marlin_kernels and use_marlin_experts(m.experts) for m in model.modules() if isinstance(m, SolarOpen2MoE)]
     tables = model.gemv_tables()
     if opts.gemv_kernel and not opts.gemv_flat: tables = tables.without_flat()
     gemv = use_gemv_kernels(model, tables.single) if opts.gemv_kernel else []
     pairs = use_gemv_pairs(model, tables) if opts.gemv_pairs else []
     return {"gemv": gemv, "gemv_pairs": pairs, "gemv_table": tables.single.name,
             "kda_gate_kernel": sum(l.gate_kernel for l in kda), "kda_decode_kernel": sum(l.decode_kernel for l in kda),
-            "kda_decode_gates": sum(l.decode_gates for l in kda), "moe_kernels": sum(moes), "moe_marlin_kernels": sum(marlin),
+            "kda_decode_gates": sum(l.decode_gates for l in kda), "moe_kernels": moes.count("moe_kernels"),
+            "moe_marlin_kernels": moes.count("moe_marlin_kernels"),
             "router_kernel": sum(isinstance(getattr(m.experts, "router", None), SolarMoERouter) for m in model.modules()
                                  if isinstance(m, SolarOpen2MoE)),
             "kda_layers": len(kda), "moe_layers": len(moes)}
@@ -215,7 +215,7 @@ def _summary(opts:Options, done:dict)->str:
             f"({done['gemv_table']}), {len(done['gemv_pairs'])} pairs one launch each; KDA layers with the gate kernels "
             f"{done['kda_gate_kernel']}/{done['kda_layers']}, the decode kernel {done['kda_decode_kernel']}/{done['kda_layers']} "
             f"(gates mode {done['kda_decode_gates']}); MoE layers on our experts {done['moe_kernels']}/{done['moe_layers']}, "
-            f"on Marlin's with our decode {done.get('moe_marlin_kernels', 0)}/{done['moe_layers']}")
+            f"on Marlin's with our decode {done['moe_marlin_kernels']}/{done['moe_layers']}")
 
 # %% ../../nbs/08_vllm/07_model.ipynb #f4a776f9
 KERNEL_LAUNCHERS = {"gemv": ("gemv_triton",), "gemv_pairs": ("gemv_pair_triton",), "kda_gate_kernel": ("kda_gates_triton",),

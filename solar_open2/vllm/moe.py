@@ -261,7 +261,7 @@ class MarlinDecodeExperts(MarlinExperts):
               a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta, apply_router_weight_on_input):
         if self.decodes(hidden_states, activation, expert_map, apply_router_weight_on_input):
             m13, m2 = self.marlin_layout(w1, w2, hidden_states.dtype)
-            moe_marlin_triton(hidden_states, topk_ids, topk_weights, m13, m2, m2.shape[2], out=output)   # [M, K] in place
+            moe_marlin_triton(hidden_states, topk_ids, topk_weights, m13, m2, m2.shape[2], out=output)   # I = IP: padding is zeros
             return
         super().apply(output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts, expert_map,
                       a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta, apply_router_weight_on_input)
@@ -293,11 +293,13 @@ class ActPairs:
         return p
 
 # %% ../../nbs/08_vllm/06_moe.ipynb #6af309b4
-def apply_moe(moe:SolarOpen2MoE, opts:Options)->bool:
-    "Give `moe` the experts class, output path and pairs hand-off `opts` ask for, where vLLM's backend allows; whether our experts run."
+def apply_moe(moe:SolarOpen2MoE, opts:Options)->str|None:
+    """Give `moe` the experts class, output path and pairs hand-off `opts` ask for, where vLLM's backend allows; which of
+    our experts classes runs: "moe_kernels" (`TritonNVFP4Experts`), "moe_marlin_kernels" (`MarlinDecodeExperts`) or None."""
+    if opts.moe_marlin_kernels and use_marlin_experts(moe.experts): return "moe_marlin_kernels"
     ours = opts.moe_kernels and use_triton_experts(moe.experts)
     routed, router = moe.experts.routed_experts, getattr(moe.experts, "router", None)
     if ours: routed.solar_direct_output = opts.moe_direct_out
     if ours and opts.moe_pairs and isinstance(router, SolarMoERouter):
         routed.solar_pairs = router.pairs_out = ActPairs()                     # one object, held by both
-    return ours
+    return "moe_kernels" if ours else None

@@ -26,11 +26,6 @@ __all__ = ['TILE_K', 'TILE_N', 'MARLIN_BIAS', 'MARLIN_TILES', 'CHECK_CASES', 'ma
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #d400db1f
 TILE_K, TILE_N = 16, 64          # a Marlin tile: 16 inputs by 64 columns, 128 words
 
-def _codes(packed:torch.Tensor)->torch.Tensor:
-    "uint8 `[N, K/2]` (input 2j in the low nibble) -> int64 codes `[N, K]`."
-    N, half = packed.shape
-    return torch.stack([packed & 15, packed >> 4], -1).reshape(N, 2 * half).long()   # [N, K/2, 2] -> [N, K]
-
 def _check_tiles(N:int, K:int, name:str)->None:
     if N % TILE_N or K % TILE_K: raise ValueError(f"{name}: Marlin's tiles need columns % {TILE_N} and inputs % {TILE_K}, got {N} x {K}")
 
@@ -39,7 +34,7 @@ def marlin_codes(packed:torch.Tensor, # uint8 [N, K/2]: one expert's codes, the 
     "One expert's codes in the order of vLLM's `gptq_marlin_repack` (4 bits, 16-bit activations)."
     N, K = packed.shape[0], 2 * packed.shape[1]
     _check_tiles(N, K, name)
-    c = _codes(packed).view(N // 64, 4, 2, 8, K // 16, 2, 4, 2)              # [nt, w, h, c, kt, a, q, b]
+    c = nvfp4.unpack_codes(packed).long().view(N // 64, 4, 2, 8, K // 16, 2, 4, 2)   # [N, K] -> [nt, w, h, c, kt, a, q, b]
     c = c.permute(4, 0, 3, 6, 1, 7, 2, 5).reshape(K // 16, N // 64, 8, 4, 4, 8)   # [kt, nt, c, q, w, nibble = 4b + 2h + a]
     word = (c << (4 * torch.arange(8, device=c.device))).sum(-1)              # [kt, nt, c, q, w] < 2^32
     return (word - (word >= 2**31).long() * 2**32).to(torch.int32).reshape(K // 16, 2 * N)
@@ -51,7 +46,7 @@ def plain_codes(words:torch.Tensor, # int32 [K/16, 2N], Marlin's order
     w = words.long() & 0xFFFFFFFF
     c = (w.view(KT, N // 64, 8, 4, 4, 1) >> (4 * torch.arange(8, device=w.device))) & 15   # [kt, nt, c, q, w, 8]
     c = c.view(KT, N // 64, 8, 4, 4, 2, 2, 2).permute(1, 4, 6, 2, 0, 7, 3, 5).reshape(N, 16 * KT)   # [N, K]
-    return (c[:, 0::2] | (c[:, 1::2] << 4)).to(torch.uint8)
+    return nvfp4.pack_codes(c.to(torch.uint8))
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #21fe3ddd
 def scale_factor_for(scales:torch.Tensor)->float:
@@ -107,16 +102,11 @@ class MarlinNVFP4:
 
     def dense(self, e:int)->torch.Tensor:
         "Expert `e` as a dense fp32 `[N, K]` matrix, plainly: the codes back in the codec's layout, the scales decoded."
-        codes = _codes(plain_codes(self.words[e]))                                # [N, K]
-        vals = _e2m1(codes)                                                       # [N, K] fp32
+        codes = nvfp4.unpack_codes(plain_codes(self.words[e])).long()            # [N, K]
+        vals = nvfp4.E2M1_VALUES.to(codes.device)[codes]                          # [N, K] fp32, the codec's table
         s = torch.empty_like(scale_values(self.scale[e]))                        # [K/16, N]
         s[:, scale_columns(s.shape[1]).to(s.device)] = scale_values(self.scale[e])   # back to column order
         return vals * s.T.repeat_interleave(16, dim=1) * self.global_scale[e]
-
-def _e2m1(codes:torch.Tensor)->torch.Tensor:
-    "E2M1 codes (int) -> fp32 values: sign bit 3, magnitude 0, 0.5, 1, 1.5, 2, 3, 4, 6."
-    mag = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=codes.device)[codes & 7]
-    return torch.where(codes >= 8, -mag, mag)
 
 def _round_up(a:int, b:int)->int: return -(-a // b) * b
 
