@@ -68,16 +68,21 @@ def test_a_failed_or_missing_check_withholds_the_summary(tmp_path):
         assert got["gate"]["passed"] is passed and ("best" in got) is passed and ("withheld" in got) is not passed
 
 
-def test_marlin_tiles_parse_with_the_flat_flag_and_the_sweep_holds_one_side():
-    """moe_batch --marlin-tiles: GxKTxWARPSxSTAGES[xFLAT] pairs become MarlinTiles (a fifth field 1: the flat loop); a
-    malformed pair is refused; the default sweep varies one kernel's tile with the other's held, both loop forms."""
+def test_marlin_tiles_parse_with_the_loop_field_and_the_sweep_holds_one_side():
+    """moe_batch --marlin-tiles: GxKTxWARPSxSTAGES[xLOOP] pairs become MarlinTiles (a fifth field 0 step, 1 flat, 2
+    bcast); a malformed pair or loop is refused; the default sweep varies one kernel's tile with the other's held, every loop form."""
     pytest.importorskip("triton")
     from benchmarks.kernels import moe_batch as mb
     from solar_open2.vllm.ops.moe_marlin import MarlinTile
-    assert mb.marlin_tile((1, 64, 4, 2, 1)) == MarlinTile(1, 64, 4, 2, flat=True)
-    assert mb.marlin_tile((2, 8, 4, 2)) == MarlinTile(2, 8, 4, 2, flat=False)
-    assert {mb.marlin_tile(t).flat for p in mb.MARLIN_TILES for t in p} == {False, True}
-    held = [p for p in mb.MARLIN_TILES if p[1] in (mb._D0, mb._DF)]
-    assert len({p[1] for p in held}) == 2 and len(held) >= 10
+    assert mb.marlin_tile((1, 64, 4, 2, 1)) == MarlinTile(1, 64, 4, 2, loop="flat")
+    assert mb.marlin_tile((1, 32, 4, 2, 2)) == MarlinTile(1, 32, 4, 2, loop="bcast")
+    assert mb.marlin_tile((2, 8, 4, 2)) == MarlinTile(2, 8, 4, 2, loop="step")
+    with pytest.raises(ValueError, match="fifth field"):
+        mb.marlin_tile((1, 8, 4, 2, 3))
+    assert {mb.marlin_tile(t).loop for p in mb.MARLIN_TILES for t in p} == {"step", "flat", "bcast"}
+    held = [p for p in mb.MARLIN_TILES if p[1] in (mb._D0, mb._DF, mb._DB)]
+    assert len({p[1] for p in held}) == 3 and len(held) >= 18
+    with pytest.raises(SystemExit):
+        mb.main(["--marlin-tiles", "1x64x4x2x3/2x8x4x2", "--out", "/nonexistent"])
     with pytest.raises(SystemExit):
         mb.main(["--marlin-tiles", "1x64x4/2x8x4x2", "--out", "/nonexistent"])

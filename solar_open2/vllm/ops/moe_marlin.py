@@ -18,10 +18,10 @@ from .nvfp4_dot import quad
 from .tiles import H200, TileTable
 
 # %% auto #0
-__all__ = ['TILE_K', 'TILE_N', 'MARLIN_BIAS', 'MARLIN_TILES', 'CHECK_CASES', 'marlin_codes', 'plain_codes', 'scale_factor_for',
-           'scale_columns', 'marlin_scale_bytes', 'scale_values', 'MarlinNVFP4', 'from_experts', 'from_vllm',
-           'scale_of', 'marlin_words', 'marlin_step', 'marlin_acc', 'marlin_finish', 'marlin_gate_up_kernel',
-           'marlin_down_kernel', 'MarlinTile', 'moe_marlin_triton', 'self_check']
+__all__ = ['TILE_K', 'TILE_N', 'MARLIN_BIAS', 'LOOPS', 'MARLIN_TILES', 'CHECK_CASES', 'marlin_codes', 'plain_codes',
+           'scale_factor_for', 'scale_columns', 'marlin_scale_bytes', 'scale_values', 'MarlinNVFP4', 'from_experts',
+           'from_vllm', 'scale_of', 'marlin_words', 'marlin_step', 'marlin_tile_sums', 'marlin_acc', 'marlin_finish',
+           'marlin_gate_up_kernel', 'marlin_down_kernel', 'MarlinTile', 'moe_marlin_triton', 'self_check']
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #d400db1f
 TILE_K, TILE_N = 16, 64          # a Marlin tile: 16 inputs by 64 columns, 128 words
@@ -158,12 +158,16 @@ def marlin_words(w, xa, xb, xc, xd):
 
 @triton.jit
 def marlin_step(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT:tl.constexpr, C:tl.constexpr,
-                FLAT:tl.constexpr=False):
+                LOOP:tl.constexpr=0):
     """Tile rows `kts` [BKT] of `C` column groups (their first word `col` [C], the scale byte of column n0 `sc` [C, 4]) ·
     inputs at `x_base` (the first `XK` valid) -> the sums of columns n0 and n0 + 8, [BKT, C, 4] each, scaled, · 2^-14.
-    `FLAT`: per word instead, [BKT, 16·C] each (word 16c + 4q + w), not summed over q (`marlin_finish` sums)."""
-    if FLAT:
+    `LOOP` 1 (`flat`): per word instead, [BKT, 16·C] each (word 16c + 4q + w), not summed over q (`marlin_finish` sums);
+    `LOOP` 2 (`bcast`): per word too, [BKT, C, 4, 4], by `marlin_tile_sums`."""
+    if LOOP == 1:
         return _step_flat(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT, C)
+    if LOOP == 2:
+        kt = kts[:, None, None, None]                                           # [BKT, 1, 1, 1]
+        return marlin_tile_sums(w_base + kt * ROW_W, s_base + kt * ROW_S, x_base + kt * 16, kt * 16, XK, kt < KT, gm, col, sc)
     q, w4 = tl.arange(0, 4), tl.arange(0, 4)                                    # word 4q + w of a group's 16
     hk = kts[:, None, None, None] * 16 + 2 * q[None, None, :, None]             # [BKT, 1, 4, 1]: input 2q of each word
     xa = tl.load(x_base + hk, mask=hk < XK, other=0.0).to(tl.float32)
@@ -183,6 +187,27 @@ def marlin_step(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, 
     return p0 * s0, p1 * s1
 
 @triton.jit
+def marlin_tile_sums(wrow, srow, xrow, xk, XK, rm, gm, col, sc):
+    """`LOOP` 2 (`bcast`): rows of tile rows, each named by pointers `[R, 1, 1, 1]` to its first word, its scale bytes and
+    its 16 inputs (`xk`: the index of its first input, the first `XK` valid; `rm`: its mask), times `C` column groups ->
+    every word's sums of columns n0 and n0 + 8, scaled by each column's byte, `[R, C, 4, 4]` each (q, w), · 2^-14. The
+    inputs broadcast over the groups and `w`, the scales over `q`; nothing is summed, so the loop has no reduction."""
+    q = tl.arange(0, 4)[None, None, :, None]                                    # [1, 1, 4, 1]: word 4q + w of a group
+    w4 = tl.arange(0, 4)[None, None, None, :]
+    i0 = xk + 2 * q                                                             # [R, 1, 4, 1]: input 2q of each word
+    xa = tl.load(xrow + 2 * q, mask=rm & (i0 < XK), other=0.0).to(tl.float32)
+    xb = tl.load(xrow + 2 * q + 1, mask=rm & (i0 + 1 < XK), other=0.0).to(tl.float32)
+    xc = tl.load(xrow + 2 * q + 8, mask=rm & (i0 + 8 < XK), other=0.0).to(tl.float32)
+    xd = tl.load(xrow + 2 * q + 9, mask=rm & (i0 + 9 < XK), other=0.0).to(tl.float32)
+    m = rm & gm[None, :, None, None]                                            # [R, C, 1, 1]
+    w = tl.load(wrow + col[None, :, None, None] + 4 * q + w4, mask=m, other=0).to(tl.uint32, bitcast=True)   # [R, C, 4, 4]
+    p0, p1 = marlin_words(w, xa, xb, xc, xd)
+    sp = srow + sc[None, :, None, :]                                            # [R, C, 1, 4]: column n0 of each w
+    s0 = scale_of(tl.load(sp, mask=m, other=0).to(tl.int32))
+    s1 = scale_of(tl.load(sp + 2, mask=m, other=0).to(tl.int32))                # column n0 + 8: two bytes on
+    return p0 * s0, p1 * s1
+
+@triton.jit
 def _groups(pid, NG, C:tl.constexpr):
     "A program's C column groups: (in range, first word in a tile row, scale byte of column n0 [C, 4], column n0 [C, 4])."
     g = pid * C + tl.arange(0, C)
@@ -193,7 +218,7 @@ def _groups(pid, NG, C:tl.constexpr):
 
 @triton.jit
 def _step_flat(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT:tl.constexpr, C:tl.constexpr):
-    "`marlin_step` with `FLAT`: 2-D, every word's partial sums kept apart, the scales gathered per word: no reduction in the loop."
+    "`marlin_step` with `LOOP` 1: 2-D, every word's partial sums kept apart, the scales gathered per word: no reduction in the loop."
     L = tl.arange(0, 16 * C)                                                    # word 16c + 4q + w of the program's groups
     ci, q, w = L // 16, (L // 4) % 4, L % 4
     colw = tl.reshape(tl.broadcast_to(col[:, None], (C, 16)), (16 * C,)) + L % 16    # [16C]: the word in a tile row
@@ -213,18 +238,22 @@ def _step_flat(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, B
     return p0 * s0, p1 * s1
 
 @triton.jit
-def marlin_acc(BKT:tl.constexpr, C:tl.constexpr, FLAT:tl.constexpr):
-    "A zero accumulator of `marlin_step`'s shape: [BKT, 16·C] with `FLAT`, else [BKT, C, 4]."
-    if FLAT:
+def marlin_acc(BKT:tl.constexpr, C:tl.constexpr, LOOP:tl.constexpr):
+    "A zero accumulator of `marlin_step`'s shape: [BKT, C, 4] (`LOOP` 0), [BKT, 16·C] (1) or [BKT, C, 4, 4] (2)."
+    if LOOP == 1:
         return tl.zeros([BKT, 16 * C], dtype=tl.float32)
+    elif LOOP == 2:
+        return tl.zeros([BKT, C, 4, 4], dtype=tl.float32)
     else:
         return tl.zeros([BKT, C, 4], dtype=tl.float32)
 
 @triton.jit
-def marlin_finish(acc, BKT:tl.constexpr, C:tl.constexpr, FLAT:tl.constexpr):
-    "An accumulator summed over tile rows (and, `FLAT`, over q): [C, 4], column n0 (or n0 + 8) of each group and w."
-    if FLAT:
+def marlin_finish(acc, BKT:tl.constexpr, C:tl.constexpr, LOOP:tl.constexpr):
+    "An accumulator summed over tile rows (and, `LOOP` 1 or 2, over q): [C, 4], column n0 (or n0 + 8) of each group and w."
+    if LOOP == 1:
         return tl.sum(tl.reshape(tl.sum(acc, axis=0), (C, 4, 4)), axis=1)     # [16C] -> [C, q, w] -> [C, w]
+    elif LOOP == 2:
+        return tl.sum(tl.sum(acc, axis=0), axis=1)                             # [BKT, C, q, w] -> [C, w]
     else:
         return tl.sum(acc, axis=0)
 
@@ -232,7 +261,7 @@ def marlin_finish(acc, BKT:tl.constexpr, C:tl.constexpr, FLAT:tl.constexpr):
 @triton.jit
 def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, topk,
                           stride_xm, stride_we, stride_se, stride_hm,
-                          C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, FLAT:tl.constexpr=False):
+                          C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, LOOP:tl.constexpr=0):
     """One (group block, token-expert pair): h = silu(G x) ⊙ (U x) for C groups of 8 gate columns, from w13 in Marlin's
     layout ([E, K/16, 4·IP] words: gate rows 0..IP-1, up rows IP..2·IP-1, each padded to IP; the first I are real)."""
     pid, pair = tl.program_id(0), tl.program_id(1)
@@ -240,21 +269,21 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
     gm, col, sc, n0 = _groups(pid, IP // 8, C)
     KT = K // 16
     wb, sb, xb = w_ptr + e * stride_we, s_ptr + e * stride_se, x_ptr + (pair // topk) * stride_xm
-    ag0 = marlin_acc(BKT, C, FLAT)
-    ag1 = marlin_acc(BKT, C, FLAT)
-    au0 = marlin_acc(BKT, C, FLAT)
-    au1 = marlin_acc(BKT, C, FLAT)
+    ag0 = marlin_acc(BKT, C, LOOP)
+    ag1 = marlin_acc(BKT, C, LOOP)
+    au0 = marlin_acc(BKT, C, LOOP)
+    au1 = marlin_acc(BKT, C, LOOP)
     for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
         kts = k0 + tl.arange(0, BKT)
-        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col, sc, KT, K, 4 * IP, 2 * IP, BKT, C, FLAT)
+        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col, sc, KT, K, 4 * IP, 2 * IP, BKT, C, LOOP)
         ag0 += a0
         ag1 += a1
-        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col + 2 * IP, sc + IP, KT, K, 4 * IP, 2 * IP, BKT, C, FLAT)   # up: row n + IP
+        a0, a1 = marlin_step(wb, sb, xb, kts, gm, col + 2 * IP, sc + IP, KT, K, 4 * IP, 2 * IP, BKT, C, LOOP)   # up: row n + IP
         au0 += a0
         au1 += a1
     gs = tl.load(g_ptr + e) * 16384.0                                           # the expert's global scale, 2^14
-    g0, u0 = marlin_finish(ag0, BKT, C, FLAT) * gs, marlin_finish(au0, BKT, C, FLAT) * gs   # [C, 4]: columns n0
-    g1, u1 = marlin_finish(ag1, BKT, C, FLAT) * gs, marlin_finish(au1, BKT, C, FLAT) * gs   # columns n0 + 8
+    g0, u0 = marlin_finish(ag0, BKT, C, LOOP) * gs, marlin_finish(au0, BKT, C, LOOP) * gs   # [C, 4]: columns n0
+    g1, u1 = marlin_finish(ag1, BKT, C, LOOP) * gs, marlin_finish(au1, BKT, C, LOOP) * gs   # columns n0 + 8
     hp = h_ptr + pair * stride_hm
     tl.store(hp + n0, g0 / (1.0 + tl.exp(-g0)) * u0, mask=gm[:, None] & (n0 < I))
     tl.store(hp + n0 + 8, g1 / (1.0 + tl.exp(-g1)) * u1, mask=gm[:, None] & (n0 + 8 < I))
@@ -262,31 +291,54 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
 @triton.jit
 def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, IP, H, topk,
                        stride_hm, stride_we, stride_se, stride_om,
-                       C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, FLAT:tl.constexpr=False):
-    "One (group block, token): out = Σ_j w_j · D[e_j] h_j for C groups of 8 outputs, from w2 in Marlin's layout ([E, IP/16, 2H])."
+                       C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, LOOP:tl.constexpr=0,
+                       KP:tl.constexpr=1):
+    """One (group block, token): out = Σ_j w_j · D[e_j] h_j for C groups of 8 outputs, from w2 in Marlin's layout ([E, IP/16, 2H]).
+    `LOOP` 2: the token's experts at once (`KP`: k rounded up to a power of two), rows (j, tile row) of one tensor."""
     pid, m = tl.program_id(0), tl.program_id(1)
     gm, col, sc, n0 = _groups(pid, H // 8, C)
     KT = IP // 16
     o0 = tl.zeros([C, 4], dtype=tl.float32)
     o1 = tl.zeros([C, 4], dtype=tl.float32)
-    for j in range(topk):                                                       # the token's experts, one after another
+    if LOOP == 2:                                                               # as chapter moe_decode's KP experts a tile
+        r = tl.arange(0, KP * BKT)                                              # row r: expert j = r // BKT, tile row r % BKT
+        jm = r // BKT < topk
+        pair = m * topk + r // BKT                                              # [R]
+        e = tl.load(ids_ptr + pair, mask=jm, other=0).to(tl.int64)
+        wb = (w_ptr + e * stride_we)[:, None, None, None]                       # [R, 1, 1, 1]
+        sb = (s_ptr + e * stride_se)[:, None, None, None]
+        hb = (h_ptr + pair * stride_hm)[:, None, None, None]
+        a0 = tl.zeros([KP * BKT, C, 4, 4], dtype=tl.float32)
+        a1 = tl.zeros([KP * BKT, C, 4, 4], dtype=tl.float32)
+        for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
+            kt = (k0 + r % BKT)[:, None, None, None]                            # [R, 1, 1, 1]
+            p0, p1 = marlin_tile_sums(wb + kt * (2 * H), sb + kt * H, hb + kt * 16, kt * 16, I,
+                                      jm[:, None, None, None] & (kt < KT), gm, col, sc)
+            a0 += p0
+            a1 += p1
+        f = tl.load(wts_ptr + pair, mask=jm, other=0.0) * tl.load(g_ptr + e, mask=jm, other=0.0) * 16384.0   # [R]
+        o0 = tl.sum(tl.sum(a0 * f[:, None, None, None], axis=0), axis=1)       # [R, C, q, w] -> [C, w]
+        o1 = tl.sum(tl.sum(a1 * f[:, None, None, None], axis=0), axis=1)
+    for j in range(topk if LOOP != 2 else 0):                                                       # the token's experts, one after another
         pair = m * topk + j
         e = tl.load(ids_ptr + pair).to(tl.int64)
         wb, sb, hb = w_ptr + e * stride_we, s_ptr + e * stride_se, h_ptr + pair * stride_hm
-        a0 = marlin_acc(BKT, C, FLAT)
-        a1 = marlin_acc(BKT, C, FLAT)
+        a0 = marlin_acc(BKT, C, LOOP)
+        a1 = marlin_acc(BKT, C, LOOP)
         for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
-            p0, p1 = marlin_step(wb, sb, hb, k0 + tl.arange(0, BKT), gm, col, sc, KT, I, 2 * H, H, BKT, C, FLAT)
+            p0, p1 = marlin_step(wb, sb, hb, k0 + tl.arange(0, BKT), gm, col, sc, KT, I, 2 * H, H, BKT, C, LOOP)
             a0 += p0
             a1 += p1
         wt = tl.load(wts_ptr + pair) * tl.load(g_ptr + e) * 16384.0
-        o0 += marlin_finish(a0, BKT, C, FLAT) * wt
-        o1 += marlin_finish(a1, BKT, C, FLAT) * wt
+        o0 += marlin_finish(a0, BKT, C, LOOP) * wt
+        o1 += marlin_finish(a1, BKT, C, LOOP) * wt
     op = o_ptr + m * stride_om
     tl.store(op + n0, o0, mask=gm[:, None])
     tl.store(op + n0 + 8, o1, mask=gm[:, None])
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #040b6ea5
+LOOPS = ("step", "flat", "bcast")   # `marlin_step`'s LOOP 0, 1, 2
+
 @dataclass(frozen=True)
 class MarlinTile:
     "Launch parameters of one kernel: column groups of 8 per program, tile rows (16 inputs) per step, warps, pipeline stages, loop form."
@@ -294,8 +346,9 @@ class MarlinTile:
     k_tiles:int = 8
     num_warps:int = 4
     num_stages:int = 2
-    flat:bool = False             # True: per-word sums through the loop, reduced after it (`marlin_step`'s `FLAT`)
+    loop:str = "step"             # `LOOPS`: summed over q each step, or per-word sums through the loop (2-D, or 4-D broadcast)
     def __post_init__(self):
+        if self.loop not in LOOPS: raise ValueError(f"MarlinTile.loop must be one of {LOOPS}, got {self.loop!r}")
         for f in ("groups", "k_tiles", "num_warps"):
             v = getattr(self, f)
             if v < 1 or v & (v - 1): raise ValueError(f"MarlinTile.{f} must be a power of two, got {v}")
@@ -338,11 +391,11 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     marlin_gate_up_kernel[(cdiv(IP // 8, g.groups), M * k)](
         x, ids, w13.words, w13.scale, w13.global_scale, h, K, I, IP, k,
         x.stride(0), w13.words.stride(0), w13.scale.stride(0), h.stride(0),
-        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, FLAT=g.flat, num_warps=g.num_warps)
+        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, LOOP=LOOPS.index(g.loop), num_warps=g.num_warps)
     marlin_down_kernel[(cdiv(H // 8, d.groups), M)](
         h, ids, wts, w2.words, w2.scale, w2.global_scale, out, I, IP, H, k,
         h.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
-        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, FLAT=d.flat, num_warps=d.num_warps)
+        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, LOOP=LOOPS.index(d.loop), KP=triton.next_power_of_2(k), num_warps=d.num_warps)
     return out
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #ca89381c
@@ -350,8 +403,11 @@ CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile: MarlinTile's fie
     (3, 128, 64, 128, 2, 2, (1, 4, 4, 1), (1, 4, 4, 1)),
     (4, 64, 96, 192, 3, 3, (2, 2, 4, 2), (4, 8, 4, 2)),     # I = 96: padded to 128; BKT = 8 > I/16 for down
     (5, 256, 48, 64, 1, 5, (1, 8, 2, 1), (8, 2, 4, 3)),     # k = 5; all 8 groups of H in one program
-    (3, 128, 64, 128, 2, 2, (1, 4, 4, 1, True), (2, 4, 4, 1, True)),    # the flat loop
-    (5, 256, 48, 64, 1, 5, (2, 8, 2, 1, True), (8, 2, 4, 3, True)),
+    (3, 128, 64, 128, 2, 2, (1, 4, 4, 1, "flat"), (2, 4, 4, 1, "flat")),    # the flat loop
+    (5, 256, 48, 64, 1, 5, (2, 8, 2, 1, "flat"), (8, 2, 4, 3, "flat")),
+    (3, 128, 64, 128, 2, 2, (1, 4, 4, 1, "bcast"), (2, 4, 4, 1, "bcast")),  # the broadcast loop; down: k = 2 experts a tile
+    (4, 64, 96, 192, 3, 3, (2, 2, 4, 2, "bcast"), (4, 8, 4, 2, "bcast")),   # I padded, BKT > I/16; KP = 4 for k = 3
+    (5, 256, 48, 64, 1, 5, (2, 8, 2, 1, "bcast"), (8, 2, 4, 3, "bcast")),   # k = 5: KP = 8, three rows of experts masked
 )
 
 def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, broken:bool=False)->list:
