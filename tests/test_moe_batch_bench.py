@@ -86,3 +86,20 @@ def test_marlin_tiles_parse_with_the_loop_field_and_the_sweep_holds_one_side():
         mb.main(["--marlin-tiles", "1x64x4x2x3/2x8x4x2", "--out", "/nonexistent"])
     with pytest.raises(SystemExit):
         mb.main(["--marlin-tiles", "1x64x4/2x8x4x2", "--out", "/nonexistent"])
+
+
+def test_marlin_rows_take_the_fastest_pair_per_count_and_refuse_a_failed_gate():
+    """moe_batch.marlin_rows: the table rows a result measured (the best marlin_decode pair per token count), printed as
+    MARLIN_TILES' literal; a result whose gate failed gives no table."""
+    pytest.importorskip("triton")
+    from benchmarks.kernels import moe_batch as mb
+    from solar_open2.vllm.ops.moe_marlin import MarlinTile
+    best = {"8": {"marlin_decode": {"config": {"gate_up": [2, 16, 4, 2, 2], "down": [1, 8, 4, 2, 2]}}},
+            "1": {"marlin_decode": {"config": {"gate_up": [1, 32, 4, 2, 2], "down": [1, 8, 4, 2]}}, "marlin": {"config": None}},
+            "32": {"marlin": {"config": None}}}
+    rows = mb.marlin_rows({"gate": {"passed": True}, "best": best})
+    assert rows == [(1, MarlinTile(1, 32, 4, 2, loop="bcast"), MarlinTile(1, 8, 4, 2)),
+                    (8, MarlinTile(2, 16, 4, 2, loop="bcast"), MarlinTile(1, 8, 4, 2, loop="bcast"))]
+    assert eval(mb.rows_literal(rows), {"MarlinTile": MarlinTile}) == tuple(rows)
+    with pytest.raises(ValueError, match="gate"):
+        mb.marlin_rows({"gate": {"passed": False}, "best": best})

@@ -262,6 +262,17 @@ def run(tokens=TOKENS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_pat
     save()
     return res
 
+def marlin_rows(res:dict)->list:
+    "The `MARLIN_TILES` rows a result measured: (tokens, gate_up, down) of the fastest `marlin_decode` pair per token count, gate passed only."
+    if not res.get("gate", {}).get("passed"): raise ValueError("moe_batch: the result's gate did not pass; its timings are not a table")
+    rows = [(int(M), marlin_tile(tuple(b["marlin_decode"]["config"]["gate_up"])), marlin_tile(tuple(b["marlin_decode"]["config"]["down"])))
+            for M, b in res.get("best", {}).items() if "marlin_decode" in b]
+    return sorted(rows, key=lambda r: r[0])
+
+def rows_literal(rows:list)->str:
+    "`marlin_rows` as the Python literal of `MARLIN_TILES`' rows (MarlinTile's repr)."
+    return "(" + "".join(f"({M}, {g!r}, {d!r}), " for M, g, d in rows) + ")"
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int_list, default=TOKENS)
@@ -283,6 +294,8 @@ def main(argv=None)->int:
         if not (c["finite"] and c["rel_rms"] < CHECK_LIMIT): print("CHECK FAILED", c)
     for M, b in res["best"].items():
         print(M, "tokens:", ", ".join(f"{p} {r['us']} us ({r.get('config')}; marlin/this {r.get('marlin_over_this')})" for p, r in b.items()))
+    if res.get("gate", {}).get("passed") and any("marlin_decode" in b for b in res["best"].values()):
+        print("MARLIN_TILES rows measured:", rows_literal(marlin_rows(res)))
     return 0
 
 if __name__ == "__main__":
