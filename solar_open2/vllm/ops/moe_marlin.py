@@ -21,7 +21,8 @@ from .tiles import H200, TileTable
 __all__ = ['TILE_K', 'TILE_N', 'MARLIN_BIAS', 'LOOPS', 'MARLIN_TILES', 'CHECK_CASES', 'marlin_codes', 'plain_codes',
            'scale_factor_for', 'scale_columns', 'marlin_scale_bytes', 'scale_values', 'MarlinNVFP4', 'from_experts',
            'from_vllm', 'scale_of', 'marlin_words', 'marlin_step', 'marlin_tile_sums', 'marlin_acc', 'marlin_finish',
-           'marlin_gate_up_kernel', 'marlin_down_kernel', 'MarlinTile', 'moe_marlin_triton', 'self_check']
+           'marlin_gate_up_kernel', 'marlin_down_kernel', 'MarlinTile', 'moe_marlin_triton', 'marlin_sass',
+           'self_check']
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #d400db1f
 TILE_K, TILE_N = 16, 64          # a Marlin tile: 16 inputs by 64 columns, 128 words
@@ -164,10 +165,17 @@ def marlin_step(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, 
     `LOOP` 1 (`flat`): per word instead, [BKT, 16·C] each (word 16c + 4q + w), not summed over q (`marlin_finish` sums);
     `LOOP` 2 (`bcast`): per word too, [BKT, C, 4, 4], by `marlin_tile_sums`."""
     if LOOP == 1:
-        return _step_flat(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT, C)
-    if LOOP == 2:
+        p0, p1 = _step_flat(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT, C)
+    elif LOOP == 2:
         kt = kts[:, None, None, None]                                           # [BKT, 1, 1, 1]
-        return marlin_tile_sums(w_base + kt * ROW_W, s_base + kt * ROW_S, x_base + kt * 16, kt * 16, XK, kt < KT, gm, col, sc)
+        p0, p1 = marlin_tile_sums(w_base + kt * ROW_W, s_base + kt * ROW_S, x_base + kt * 16, kt * 16, XK, kt < KT, gm, col, sc)
+    else:
+        p0, p1 = _step_sum(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT, C)
+    return p0, p1
+
+@triton.jit
+def _step_sum(w_base, s_base, x_base, kts, gm, col, sc, KT, XK, ROW_W, ROW_S, BKT:tl.constexpr, C:tl.constexpr):
+    "`marlin_step` with `LOOP` 0: 4-D, summed over q, then scaled: [BKT, C, 4] each."
     q, w4 = tl.arange(0, 4), tl.arange(0, 4)                                    # word 4q + w of a group's 16
     hk = kts[:, None, None, None] * 16 + 2 * q[None, None, :, None]             # [BKT, 1, 4, 1]: input 2q of each word
     xa = tl.load(x_base + hk, mask=hk < XK, other=0.0).to(tl.float32)
@@ -289,6 +297,30 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
     tl.store(hp + n0 + 8, g1 / (1.0 + tl.exp(-g1)) * u1, mask=gm[:, None] & (n0 + 8 < I))
 
 @triton.jit
+def _down_bcast(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, m, I, H, KT, topk, stride_hm, stride_we, stride_se, gm, col, sc,
+                C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, KP:tl.constexpr):
+    "`marlin_down_kernel` with `LOOP` 2: the token's experts at once, as chapter moe_decode's KP experts a tile: columns n0 and n0 + 8, [C, 4] each."
+    r = tl.arange(0, KP * BKT)                                              # row r: expert j = r // BKT, tile row r % BKT
+    jm = r // BKT < topk
+    pr = m * topk + r // BKT                                                # [R]
+    e = tl.load(ids_ptr + pr, mask=jm, other=0).to(tl.int64)
+    wb = (w_ptr + e * stride_we)[:, None, None, None]                       # [R, 1, 1, 1]
+    sb = (s_ptr + e * stride_se)[:, None, None, None]
+    hb = (h_ptr + pr * stride_hm)[:, None, None, None]
+    a0 = tl.zeros([KP * BKT, C, 4, 4], dtype=tl.float32)
+    a1 = tl.zeros([KP * BKT, C, 4, 4], dtype=tl.float32)
+    for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
+        kt = (k0 + r % BKT)[:, None, None, None]                            # [R, 1, 1, 1]
+        p0, p1 = marlin_tile_sums(wb + kt * (2 * H), sb + kt * H, hb + kt * 16, kt * 16, I,
+                                  jm[:, None, None, None] & (kt < KT), gm, col, sc)
+        a0 += p0
+        a1 += p1
+    f = tl.load(wts_ptr + pr, mask=jm, other=0.0) * tl.load(g_ptr + e, mask=jm, other=0.0) * 16384.0   # [R]
+    o0 = tl.sum(tl.sum(a0 * f[:, None, None, None], axis=0), axis=1)       # [R, C, q, w] -> [C, w]
+    o1 = tl.sum(tl.sum(a1 * f[:, None, None, None], axis=0), axis=1)
+    return o0, o1
+
+@triton.jit
 def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, IP, H, topk,
                        stride_hm, stride_we, stride_se, stride_om,
                        C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, LOOP:tl.constexpr=0,
@@ -300,25 +332,9 @@ def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, I
     KT = IP // 16
     o0 = tl.zeros([C, 4], dtype=tl.float32)
     o1 = tl.zeros([C, 4], dtype=tl.float32)
-    if LOOP == 2:                                                               # as chapter moe_decode's KP experts a tile
-        r = tl.arange(0, KP * BKT)                                              # row r: expert j = r // BKT, tile row r % BKT
-        jm = r // BKT < topk
-        pair = m * topk + r // BKT                                              # [R]
-        e = tl.load(ids_ptr + pair, mask=jm, other=0).to(tl.int64)
-        wb = (w_ptr + e * stride_we)[:, None, None, None]                       # [R, 1, 1, 1]
-        sb = (s_ptr + e * stride_se)[:, None, None, None]
-        hb = (h_ptr + pair * stride_hm)[:, None, None, None]
-        a0 = tl.zeros([KP * BKT, C, 4, 4], dtype=tl.float32)
-        a1 = tl.zeros([KP * BKT, C, 4, 4], dtype=tl.float32)
-        for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
-            kt = (k0 + r % BKT)[:, None, None, None]                            # [R, 1, 1, 1]
-            p0, p1 = marlin_tile_sums(wb + kt * (2 * H), sb + kt * H, hb + kt * 16, kt * 16, I,
-                                      jm[:, None, None, None] & (kt < KT), gm, col, sc)
-            a0 += p0
-            a1 += p1
-        f = tl.load(wts_ptr + pair, mask=jm, other=0.0) * tl.load(g_ptr + e, mask=jm, other=0.0) * 16384.0   # [R]
-        o0 = tl.sum(tl.sum(a0 * f[:, None, None, None], axis=0), axis=1)       # [R, C, q, w] -> [C, w]
-        o1 = tl.sum(tl.sum(a1 * f[:, None, None, None], axis=0), axis=1)
+    if LOOP == 2:                                                               # the token's k experts in one tensor
+        o0, o1 = _down_bcast(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, m, I, H, KT, topk, stride_hm, stride_we, stride_se,
+                             gm, col, sc, C, BKT, NUM_STAGES, KP)
     for j in range(topk if LOOP != 2 else 0):                                                       # the token's experts, one after another
         pair = m * topk + j
         e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -397,6 +413,30 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         h.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
         C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, LOOP=LOOPS.index(d.loop), KP=triton.next_power_of_2(k), num_warps=d.num_warps)
     return out
+
+# %% ../../../nbs/08_ops/09_moe_marlin.ipynb #5a1c0d22
+def marlin_sass(kernel:str="gate_up", tile:MarlinTile=MarlinTile(1, 64, 4, 2, loop="bcast"), topk:int=8, arch:int=90)->dict:
+    """Compile `marlin_{kernel}_kernel` for `sm_{arch}` without a GPU and count the SASS of its main loop: instructions,
+    the bytes of codes one thread reads per iteration, the ratio, and the instruction mix (`ops`)."""
+    from solar_open2.vllm.ops.sass import compiled_loop
+    if kernel not in ("gate_up", "down"): raise ValueError(f"kernel must be 'gate_up' or 'down', got {kernel!r}")
+    KP = triton.next_power_of_2(topk)
+    consts = dict(C=tile.groups, BKT=tile.k_tiles, NUM_STAGES=tile.num_stages, LOOP=LOOPS.index(tile.loop))
+    if kernel == "gate_up":
+        fn, sig = marlin_gate_up_kernel, dict(x_ptr="*bf16", ids_ptr="*i32", w_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", h_ptr="*fp32",
+                   K="i32", I="i32", IP="i32", topk="i32", stride_xm="i32", stride_we="i32", stride_se="i32", stride_hm="i32")
+        rows = 2 * tile.k_tiles                                                # gate and up tile rows in one iteration
+    else:
+        fn, sig = marlin_down_kernel, dict(h_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32", w_ptr="*i32", s_ptr="*u8", g_ptr="*fp32",
+                   o_ptr="*bf16", I="i32", IP="i32", H="i32", topk="i32", stride_hm="i32", stride_we="i32", stride_se="i32", stride_om="i32")
+        consts["KP"] = KP
+        rows = tile.k_tiles * (KP if tile.loop == "bcast" else 1)              # bcast: the token's experts in one tensor
+    sig.update({k: "constexpr" for k in consts})
+    body, ops = compiled_loop(fn, sig, consts, arch, tile.num_warps, tile.num_stages)
+    per_thread = rows * tile.groups * 64 / (32 * tile.num_warps)              # a group's tile row: 16 words, 64 bytes
+    return {"kernel": kernel, "tile": tile, "arch": arch, "instructions": len(body), "bytes_per_thread": per_thread,
+            "per_byte": round(len(body) / per_thread, 2), "ops": ops}
+
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #ca89381c
 CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile: MarlinTile's fields)
