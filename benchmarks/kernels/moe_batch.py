@@ -43,7 +43,7 @@ TILES = ((16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 4), (16, 12
 # gate_up / down tiles of the Marlin-layout decode kernels (column groups of 8, tile rows per step, warps, stages)
 _G0, _D0 = (1, 32, 4, 2), (2, 8, 4, 2)    # one side held while the other varies, so each kernel's best can be read apart
 _GF, _DF = (1, 64, 4, 2, 1), (2, 8, 4, 2, 1)
-_GB, _DB = (1, 32, 4, 2, 2), (1, 8, 4, 2, 2)
+_GB, _DB = (1, 64, 4, 2, 2), (2, 4, 4, 2, 2)
 MARLIN_TILES = (tuple((g, _D0) for g in ((1, 8, 4, 2), (1, 16, 4, 2), (1, 32, 4, 2), (1, 32, 4, 3), (1, 64, 4, 2), (1, 64, 8, 2),
                                           (2, 32, 8, 2)))
                 + tuple((_G0, d) for d in ((1, 8, 4, 2), (1, 8, 4, 3), (4, 8, 4, 2), (2, 16, 4, 2), (8, 8, 8, 2)))
@@ -51,10 +51,10 @@ MARLIN_TILES = (tuple((g, _D0) for g in ((1, 8, 4, 2), (1, 16, 4, 2), (1, 32, 4,
                 + tuple((g, _DF) for g in ((1, 32, 4, 2, 1), (1, 64, 4, 2, 1), (1, 128, 8, 2, 1), (2, 32, 4, 2, 1), (1, 64, 4, 3, 1)))
                 + tuple((_GF, d) for d in ((1, 8, 4, 2, 1), (4, 8, 4, 2, 1), (2, 16, 4, 2, 1), (8, 8, 8, 2, 1)))
                 # the broadcast loop (a fifth field 2: 4-D per-word sums, inputs and scales broadcast; down: k experts a tile)
-                + tuple((g, _DB) for g in ((1, 16, 4, 2, 2), (1, 32, 4, 2, 2), (1, 64, 4, 2, 2), (2, 16, 4, 2, 2), (2, 32, 4, 2, 2),
-                                          (1, 32, 8, 2, 2), (1, 32, 4, 3, 2), (4, 16, 4, 2, 2)))
-                + tuple((_GB, d) for d in ((1, 4, 4, 2, 2), (2, 4, 4, 2, 2), (2, 8, 4, 2, 2), (4, 4, 4, 2, 2), (1, 8, 8, 2, 2),
-                                          (2, 8, 8, 2, 2), (1, 2, 4, 2, 2))))
+                + tuple((g, _DB) for g in ((1, 32, 4, 2, 2), (1, 64, 4, 2, 2), (1, 64, 8, 2, 2), (1, 128, 8, 2, 2), (2, 32, 4, 2, 2),
+                                          (1, 64, 4, 3, 2), (2, 16, 4, 2, 2), (1, 32, 4, 3, 2)))
+                + tuple((_GB, d) for d in ((1, 8, 4, 2, 2), (2, 8, 4, 2, 2), (4, 4, 4, 2, 2), (4, 8, 8, 2, 2), (2, 4, 4, 3, 2),
+                                          (8, 4, 8, 2, 2), (1, 4, 4, 2, 2))))
 
 def marlin_tile(t:tuple):
     "A `MarlinTile` from (groups, k_tiles, warps, stages[, loop 0 step | 1 flat | 2 bcast])."
