@@ -68,24 +68,21 @@ def test_a_failed_or_missing_check_withholds_the_summary(tmp_path):
         assert got["gate"]["passed"] is passed and ("best" in got) is passed and ("withheld" in got) is not passed
 
 
-def test_marlin_tiles_parse_with_the_loop_field_and_the_sweep_holds_one_side():
-    """moe_batch --marlin-tiles: GxKTxWARPSxSTAGES[xLOOP] pairs become MarlinTiles (a fifth field 0 step, 1 flat, 2
-    bcast); a malformed pair or loop is refused; the default sweep varies one kernel's tile with the other's held, every loop form."""
+def test_marlin_tiles_parse_and_the_sweep_holds_one_side():
+    """moe_batch --marlin-tiles: GxKTxWARPSxSTAGES pairs become MarlinTiles; a malformed pair is refused; a recorded fifth
+    field reads as the broadcast loop (2) or is refused (the removed forms 0, 1); the default sweep varies one kernel's
+    tile with the other's held."""
     pytest.importorskip("triton")
     from benchmarks.kernels import moe_batch as mb
     from solar_open2.vllm.ops.moe_marlin import MarlinTile
-    assert mb.marlin_tile((1, 64, 4, 2, 1)) == MarlinTile(1, 64, 4, 2, loop="flat")
-    assert mb.marlin_tile((1, 32, 4, 2, 2)) == MarlinTile(1, 32, 4, 2, loop="bcast")
-    assert mb.marlin_tile((2, 8, 4, 2)) == MarlinTile(2, 8, 4, 2, loop="step")
-    with pytest.raises(ValueError, match="fifth field"):
-        mb.marlin_tile((1, 8, 4, 2, 3))
-    assert {mb.marlin_tile(t).loop for p in mb.MARLIN_TILES for t in p} == {"step", "flat", "bcast"}
-    held = [p for p in mb.MARLIN_TILES if p[1] in (mb._D0, mb._DF, mb._DB)]
-    assert len({p[1] for p in held}) == 3 and len(held) >= 18
-    with pytest.raises(SystemExit):
-        mb.main(["--marlin-tiles", "1x64x4x2x3/2x8x4x2", "--out", "/nonexistent"])
-    with pytest.raises(SystemExit):
-        mb.main(["--marlin-tiles", "1x64x4/2x8x4x2", "--out", "/nonexistent"])
+    assert mb.marlin_tile((2, 8, 4, 2)) == MarlinTile(2, 8, 4, 2) == mb.marlin_tile((2, 8, 4, 2, 2))
+    with pytest.raises(ValueError, match="removed"):
+        mb.marlin_tile((1, 64, 4, 2, 1))
+    held = [p for p in mb.MARLIN_TILES if p[1] == mb._D0] + [p for p in mb.MARLIN_TILES if p[0] == mb._G0]
+    assert len(held) == len(mb.MARLIN_TILES) + 1 and len(mb.MARLIN_TILES) >= 12     # the held pair appears in both halves
+    for bad in ("1x64x4/2x8x4x2", "1x64x4x2x2/2x8x4x2"):
+        with pytest.raises(SystemExit):
+            mb.main(["--marlin-tiles", bad, "--out", "/nonexistent"])
 
 
 def test_marlin_rows_take_the_fastest_pair_per_count_and_refuse_a_failed_gate():
@@ -95,11 +92,10 @@ def test_marlin_rows_take_the_fastest_pair_per_count_and_refuse_a_failed_gate():
     from benchmarks.kernels import moe_batch as mb
     from solar_open2.vllm.ops.moe_marlin import MarlinTile
     best = {"8": {"marlin_decode": {"config": {"gate_up": [2, 16, 4, 2, 2], "down": [1, 8, 4, 2, 2]}}},
-            "1": {"marlin_decode": {"config": {"gate_up": [1, 32, 4, 2, 2], "down": [1, 8, 4, 2]}}, "marlin": {"config": None}},
+            "1": {"marlin_decode": {"config": {"gate_up": [1, 32, 4, 2], "down": [1, 8, 4, 2]}}, "marlin": {"config": None}},
             "32": {"marlin": {"config": None}}}
     rows = mb.marlin_rows({"gate": {"passed": True}, "best": best})
-    assert rows == [(1, MarlinTile(1, 32, 4, 2, loop="bcast"), MarlinTile(1, 8, 4, 2)),
-                    (8, MarlinTile(2, 16, 4, 2, loop="bcast"), MarlinTile(1, 8, 4, 2, loop="bcast"))]
+    assert rows == [(1, MarlinTile(1, 32, 4, 2), MarlinTile(1, 8, 4, 2)), (8, MarlinTile(2, 16, 4, 2), MarlinTile(1, 8, 4, 2))]
     assert eval(mb.rows_literal(rows), {"MarlinTile": MarlinTile}) == tuple(rows)
     with pytest.raises(ValueError, match="gate"):
         mb.marlin_rows({"gate": {"passed": False}, "best": best})

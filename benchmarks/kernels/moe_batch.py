@@ -17,7 +17,7 @@ of its timings counts:
 - `grouped` with a tile `BMxBNxBKxWARPSxSTAGES`: the same kernel, gate and up in one launch (one global scale per
   expert, as Marlin needs too), the tile's block sizes, warps and stages;
 - `decode`: the plugin's batch-1 kernels (`moe_decode_triton`, chapter 08_ops/moe_decode), up to 8 tokens;
-- `marlin_decode` with a tile pair `GxKTxWARPSxSTAGES[xLOOP]/GxKTxWARPSxSTAGES[xLOOP]` (gate_up/down; LOOP 0 step, 1 flat, 2 bcast): the batch-1 kernels that read
+- `marlin_decode` with a tile pair `GxKTxWARPSxSTAGES/GxKTxWARPSxSTAGES` (gate_up/down): the batch-1 kernels that read
   Marlin's copy (`moe_marlin_triton`, chapter 08_ops/moe_marlin), up to 8 tokens, over the very tensors vLLM's
   `prepare_nvfp4_moe_layer_for_marlin` wrote (`from_vllm`): its check holds the chapter's layout to vLLM's repack.
 
@@ -41,26 +41,17 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 512, 8192)
 TILES = ((16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 4), (16, 128, 256, 8, 3), (32, 64, 128, 4, 3),
          (64, 128, 64, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3), (128, 256, 64, 8, 3))
 # gate_up / down tiles of the Marlin-layout decode kernels (column groups of 8, tile rows per step, warps, stages)
-_G0, _D0 = (1, 32, 4, 2), (2, 8, 4, 2)    # one side held while the other varies, so each kernel's best can be read apart
-_GF, _DF = (1, 64, 4, 2, 1), (2, 8, 4, 2, 1)
-_GB, _DB = (1, 64, 4, 2, 2), (2, 4, 4, 2, 2)
-MARLIN_TILES = (tuple((g, _D0) for g in ((1, 8, 4, 2), (1, 16, 4, 2), (1, 32, 4, 2), (1, 32, 4, 3), (1, 64, 4, 2), (1, 64, 8, 2),
-                                          (2, 32, 8, 2)))
-                + tuple((_G0, d) for d in ((1, 8, 4, 2), (1, 8, 4, 3), (4, 8, 4, 2), (2, 16, 4, 2), (8, 8, 8, 2)))
-                # the flat loop (a fifth field 1: per-word sums through the loop, chapter 08_ops/moe_marlin)
-                + tuple((g, _DF) for g in ((1, 32, 4, 2, 1), (1, 64, 4, 2, 1), (1, 128, 8, 2, 1), (2, 32, 4, 2, 1), (1, 64, 4, 3, 1)))
-                + tuple((_GF, d) for d in ((1, 8, 4, 2, 1), (4, 8, 4, 2, 1), (2, 16, 4, 2, 1), (8, 8, 8, 2, 1)))
-                # the broadcast loop (a fifth field 2: 4-D per-word sums, inputs and scales broadcast; down: k experts a tile)
-                + tuple((g, _DB) for g in ((1, 32, 4, 2, 2), (1, 64, 4, 2, 2), (1, 64, 8, 2, 2), (1, 128, 8, 2, 2), (2, 32, 4, 2, 2),
-                                          (1, 64, 4, 3, 2), (2, 16, 4, 2, 2), (1, 32, 4, 3, 2)))
-                + tuple((_GB, d) for d in ((1, 8, 4, 2, 2), (2, 8, 4, 2, 2), (4, 4, 4, 2, 2), (4, 8, 8, 2, 2), (2, 4, 4, 3, 2),
-                                          (8, 4, 8, 2, 2), (1, 4, 4, 2, 2))))
+_G0, _D0 = (1, 64, 4, 2), (2, 4, 4, 2)    # one side held while the other varies, so each kernel's best can be read apart
+MARLIN_TILES = (tuple((g, _D0) for g in ((1, 32, 4, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 128, 8, 2), (2, 32, 4, 2), (1, 64, 4, 3),
+                                          (2, 16, 4, 2), (1, 32, 4, 3)))
+                + tuple((_G0, d) for d in ((1, 8, 4, 2), (2, 8, 4, 2), (4, 4, 4, 2), (4, 8, 8, 2), (2, 4, 4, 3), (8, 4, 8, 2), (1, 4, 4, 2))))
 
 def marlin_tile(t:tuple):
-    "A `MarlinTile` from (groups, k_tiles, warps, stages[, loop 0 step | 1 flat | 2 bcast])."
-    from solar_open2.vllm.ops.moe_marlin import LOOPS, MarlinTile
-    if len(t) > 4 and not 0 <= t[4] < len(LOOPS): raise ValueError(f"a Marlin tile's fifth field is the loop, 0-{len(LOOPS) - 1}, got {t[4]}")
-    return MarlinTile(*t[:4], loop=LOOPS[t[4]] if len(t) > 4 else "step")
+    """A `MarlinTile` from (groups, k_tiles, warps, stages); the results of 2026-12-07 record a fifth field, the loop form
+    then swept (2: the broadcast loop, today's only one; 0 and 1 were removed and are refused)."""
+    from solar_open2.vllm.ops.moe_marlin import MarlinTile
+    if len(t) == 5 and t[4] != 2: raise ValueError(f"a Marlin tile's fifth field names a loop form that was removed (0 step, 1 flat), got {t}")
+    return MarlinTile(*t[:4])
 
 CHECK_TOKENS = 4          # rows compared with the fp32 version (every path computes each token's row on its own)
 CHECK_LIMIT = 1e-2        # relative RMS: bf16 operands and a bf16 intermediate give ~4e-3; a wrong scale or layout gives ~1
@@ -279,14 +270,14 @@ def main(argv=None)->int:
     ap.add_argument("--tiles", type=tile_list, default=TILES, help="BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES,... for the grouped kernel")
     ap.add_argument("--marlin-tiles", type=lambda v: tuple(tuple(tuple(int(n) for n in t.split("x")) for t in pair.split("/"))
                                                            for pair in v.split(",")), default=MARLIN_TILES,
-                    help="GxKTxWARPSxSTAGES[xLOOP]/...,... gate_up/down tiles of the Marlin-layout decode kernels (LOOP 0 step, 1 flat, 2 bcast)")
+                    help="GxKTxWARPSxSTAGES/...,... gate_up/down tiles of the Marlin-layout decode kernels")
     ap.add_argument("--rotations", type=int, default=4, help="routings per graph (other experts on each call)")
     add_run_args(ap, reps=20, deadline_s=240.0)
     a = ap.parse_args(argv)
     bad = [t for t in a.tiles if len(t) != 5]
     if bad: ap.error(f"--tiles: each tile is BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES (5 numbers), got {bad}")
-    bad = [p for p in a.marlin_tiles if len(p) != 2 or any(len(t) not in (4, 5) or len(t) == 5 and t[4] not in (0, 1, 2) for t in p)]
-    if bad: ap.error(f"--marlin-tiles: each entry is GxKTxWARPSxSTAGES[xLOOP]/GxKTxWARPSxSTAGES[xLOOP] (gate_up/down, LOOP 0-2), got {bad}")
+    bad = [p for p in a.marlin_tiles if len(p) != 2 or any(len(t) != 4 for t in p)]
+    if bad: ap.error(f"--marlin-tiles: each entry is GxKTxWARPSxSTAGES/GxKTxWARPSxSTAGES (gate_up/down), got {bad}")
     outs = result_paths("moe_batch", a.results_dir, a.out)
     if outs is None: return 2
     res = run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, marlin_tiles=a.marlin_tiles)
