@@ -17,12 +17,17 @@ __all__ = ['compiled_loop', 'sass_loop']
 def compiled_loop(fn, # a `@triton.jit` function
                   signature:dict, # argument name -> Triton type string ("*i32", "i32", "constexpr", ...)
                   constexprs:dict, # the constexpr values
-                  arch:int=90, num_warps:int=4, num_stages:int=1)->tuple:
+                  arch:int=90, num_warps:int=4, num_stages:int=1,
+                  divisible:tuple=(), # arguments a launch would specialize as multiples of 16 (Triton's launcher does so)
+                 )->tuple:
     """Compile `fn` for `sm_{arch}` without a GPU; return the SASS of its main loop (the longest backward branch) as a
     list of instructions, and their mix (`{opcode: count}`, predicates dropped)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    c = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", arch, 32),
+    bad = [a for a in divisible if a not in signature or signature[a] == "constexpr"]
+    if bad: raise ValueError(f"divisible names no runtime argument of {getattr(fn, '__name__', fn)}: {bad}")
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
+    c = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as d:
@@ -36,9 +41,11 @@ def compiled_loop(fn, # a `@triton.jit` function
     body = max(loops, key=len)
     return body, dict(collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t.strip()).split()[0] for t in body).most_common())
 
-def sass_loop(kernel:str="gate_up", tile:Tile=Tile(1, 1024, num_stages=2, words=True), topk:int=8, arch:int=90)->dict:
+def sass_loop(kernel:str="gate_up", tile:Tile=Tile(1, 1024, num_stages=2, words=True), topk:int=8, arch:int=90,
+              hints:bool=True)->dict:
     """Compile `moe_{kernel}_kernel` for `sm_{arch}` without a GPU and count the SASS of its K loop: instructions, the
-    bytes of codes one thread reads per iteration, the ratio, and the instruction mix (`ops`)."""
+    bytes of codes one thread reads per iteration, the ratio, and the instruction mix (`ops`). `hints`: with the
+    divisibility a launch at the real shapes gives (False: none, as the first sizing compiled)."""
     if kernel not in ("gate_up", "down"): raise ValueError(f"kernel must be 'gate_up' or 'down', got {kernel!r}")
     codes = {"bytes": "*u8", "words": "*i32", "half2": "*i64"}[tile.read]
     common = dict(ids_ptr="*i32", w_ptr=codes, s_ptr="*fp8e4nv", g_ptr="*fp32")
@@ -52,8 +59,9 @@ def sass_loop(kernel:str="gate_up", tile:Tile=Tile(1, 1024, num_stages=2, words=
     KP = triton.next_power_of_2(topk)
     consts = dict(KP=KP, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, NUM_STAGES=tile.num_stages, WORDS=tile.words,
                   HALF2=tile.half2, ASM=True)
+    div = tuple(a for a in sig if a != "topk") if hints else ()            # at the real shapes every other argument is a multiple of 16
     sig.update({k: "constexpr" for k in consts})
-    body, ops = compiled_loop(fn, sig, consts, arch, tile.num_warps, tile.num_stages)
+    body, ops = compiled_loop(fn, sig, consts, arch, tile.num_warps, tile.num_stages, div)
     rows = KP * tile.block_n * (2 if kernel == "gate_up" else 1)            # gate and up rows are read in one loop
     per_thread = rows * tile.block_k // 2 / (32 * tile.num_warps)          # code bytes per thread per iteration
     return {"kernel": kernel, "tile": tile, "arch": arch, "instructions": len(body), "bytes_per_thread": per_thread,
