@@ -157,29 +157,38 @@ def marlin_words(w, xa, xb, xc, xd):
     return p0, p1
 
 @triton.jit
-def marlin_tile_sums(wrow, srow, xrow, xk, XK, rm, gm, col, sc, WS:tl.constexpr=False):
+def marlin_tile_sums(wrow, srow, xrow, xk, XK, rm, gm, col, sc, WS:tl.constexpr=False, EVEN:tl.constexpr=False):
     """Rows of tile rows, each named by pointers `[R, 1, 1, 1]` to its first word, its scale bytes and its 16 inputs
     (`xk`: the index of its first input, the first `XK` valid; `rm`: its mask), times `C` column groups (in range `gm`
     [C], first word `col` [C], scale byte of column n0 `sc` [C, 4]) -> every word's sums of columns n0 and n0 + 8,
     scaled by each column's byte, `[R, C, 4, 4]` each (q, w), · 2^-14. Nothing is summed: the loop has no reduction.
     `WS`: the scale bytes loaded at the words' own shape (each q loads its column's byte again) instead of once per
-    column and broadcast: more loads, but the compiler then keeps one register layout through the loop."""
+    column and broadcast: more loads, but the compiler then keeps one register layout through the loop. `EVEN`: every
+    row, group and input is in range (the launcher checks), so nothing is masked."""
     q = tl.arange(0, 4)[None, None, :, None]                                    # [1, 1, 4, 1]: word 4q + w of a group
     w4 = tl.arange(0, 4)[None, None, None, :]
     i0 = xk + 2 * q                                                             # [R, 1, 4, 1]: input 2q of each word
-    xa = tl.load(xrow + 2 * q, mask=rm & (i0 < XK), other=0.0).to(tl.float32)
-    xb = tl.load(xrow + 2 * q + 1, mask=rm & (i0 + 1 < XK), other=0.0).to(tl.float32)
-    xc = tl.load(xrow + 2 * q + 8, mask=rm & (i0 + 8 < XK), other=0.0).to(tl.float32)
-    xd = tl.load(xrow + 2 * q + 9, mask=rm & (i0 + 9 < XK), other=0.0).to(tl.float32)
-    m = rm & gm[None, :, None, None]                                            # [R, C, 1, 1]
-    w = tl.load(wrow + col[None, :, None, None] + 4 * q + w4, mask=m, other=0).to(tl.uint32, bitcast=True)   # [R, C, 4, 4]
-    p0, p1 = marlin_words(w, xa, xb, xc, xd)
+    wp = wrow + col[None, :, None, None] + 4 * q + w4                           # [R, C, 4, 4]
     sp = srow + sc[None, :, None, :]                                            # [R, C, 1, 4]: column n0 of each w
     if WS:
         sp = sp + 0 * q                                                         # [R, C, 4, 4]: the same byte for each q
-    s0 = scale_of(tl.load(sp, mask=m, other=0).to(tl.int32))
-    s1 = scale_of(tl.load(sp + 2, mask=m, other=0).to(tl.int32))                # column n0 + 8: two bytes on
-    return p0 * s0, p1 * s1
+    if EVEN:
+        xa = tl.load(xrow + 2 * q).to(tl.float32)
+        xb = tl.load(xrow + 2 * q + 1).to(tl.float32)
+        xc = tl.load(xrow + 2 * q + 8).to(tl.float32)
+        xd = tl.load(xrow + 2 * q + 9).to(tl.float32)
+        w = tl.load(wp).to(tl.uint32, bitcast=True)
+        b0, b1 = tl.load(sp), tl.load(sp + 2)                                   # column n0 + 8: two bytes on
+    else:
+        xa = tl.load(xrow + 2 * q, mask=rm & (i0 < XK), other=0.0).to(tl.float32)
+        xb = tl.load(xrow + 2 * q + 1, mask=rm & (i0 + 1 < XK), other=0.0).to(tl.float32)
+        xc = tl.load(xrow + 2 * q + 8, mask=rm & (i0 + 8 < XK), other=0.0).to(tl.float32)
+        xd = tl.load(xrow + 2 * q + 9, mask=rm & (i0 + 9 < XK), other=0.0).to(tl.float32)
+        m = rm & gm[None, :, None, None]                                        # [R, C, 1, 1]
+        w = tl.load(wp, mask=m, other=0).to(tl.uint32, bitcast=True)
+        b0, b1 = tl.load(sp, mask=m, other=0), tl.load(sp + 2, mask=m, other=0)
+    p0, p1 = marlin_words(w, xa, xb, xc, xd)
+    return p0 * scale_of(b0.to(tl.int32)), p1 * scale_of(b1.to(tl.int32))
 
 @triton.jit
 def marlin_finish(acc):
@@ -200,7 +209,8 @@ def _groups(pid, NG, C:tl.constexpr):
 @triton.jit
 def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, topk,
                           stride_xm, stride_we, stride_se, stride_hm,
-                          C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, WS:tl.constexpr=False):
+                          C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, WS:tl.constexpr=False,
+                          EVEN:tl.constexpr=False):
     """One (group block, token-expert pair): h = silu(G x) ⊙ (U x) for C groups of 8 gate columns, from w13 in Marlin's
     layout ([E, K/16, 4·IP] words: gate rows 0..IP-1, up rows IP..2·IP-1, each padded to IP; the first I are real)."""
     pid, pair = tl.program_id(0), tl.program_id(1)
@@ -215,10 +225,10 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
     for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
         kt = (k0 + tl.arange(0, BKT))[:, None, None, None]                      # [BKT, 1, 1, 1]: tile rows of this step
         wr, sr, xr, rm = wb + kt * (4 * IP), sb + kt * (2 * IP), xb + kt * 16, kt < KT
-        a0, a1 = marlin_tile_sums(wr, sr, xr, kt * 16, K, rm, gm, col, sc, WS)
+        a0, a1 = marlin_tile_sums(wr, sr, xr, kt * 16, K, rm, gm, col, sc, WS, EVEN)
         ag0 += a0
         ag1 += a1
-        a0, a1 = marlin_tile_sums(wr + 2 * IP, sr + IP, xr, kt * 16, K, rm, gm, col, sc, WS)   # up: row n + IP
+        a0, a1 = marlin_tile_sums(wr + 2 * IP, sr + IP, xr, kt * 16, K, rm, gm, col, sc, WS, EVEN)   # up: row n + IP
         au0 += a0
         au1 += a1
     gs = tl.load(g_ptr + e) * 16384.0                                           # the expert's global scale, 2^14
@@ -231,7 +241,8 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
 @triton.jit
 def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, IP, H, topk,
                        stride_hm, stride_we, stride_se, stride_om,
-                       C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, KP:tl.constexpr, WS:tl.constexpr=False):
+                       C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, KP:tl.constexpr, WS:tl.constexpr=False,
+                       EVEN:tl.constexpr=False):
     """One (group block, token): out = Σ_j w_j · D[e_j] h_j for C groups of 8 outputs, from w2 in Marlin's layout
     ([E, IP/16, 2H]), the token's experts at once: row r of a step is expert j = r // BKT (`KP`: k rounded up to a power
     of two), tile row r % BKT."""
@@ -250,7 +261,7 @@ def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, I
     for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
         kt = (k0 + r % BKT)[:, None, None, None]                                # [R, 1, 1, 1]
         p0, p1 = marlin_tile_sums(wb + kt * (2 * H), sb + kt * H, hb + kt * 16, kt * 16, I,
-                                  jm[:, None, None, None] & (kt < KT), gm, col, sc, WS)
+                                  jm[:, None, None, None] & (kt < KT), gm, col, sc, WS, EVEN)
         a0 += p0
         a1 += p1
     f = (tl.load(wts_ptr + pr, mask=jm, other=0.0) * tl.load(g_ptr + e, mask=jm, other=0.0) * 16384.0)[:, None, None, None]
@@ -311,24 +322,29 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     h = torch.empty(M * k, I, dtype=torch.float32, device=x.device)             # silu(gate)·up per (token, expert)
     if out is None: out = torch.empty(M, H, dtype=torch.float32, device=x.device)
     cdiv = lambda a, b: -(-a // b)
+    KP = triton.next_power_of_2(k)
+    even_g = K % (16 * g.k_tiles) == 0 and (IP // 8) % g.groups == 0                       # no tile row or group out of range
+    even_d = IP % (16 * d.k_tiles) == 0 and (H // 8) % d.groups == 0 and I == IP and KP == k   # and no padded input or expert row
     marlin_gate_up_kernel[(cdiv(IP // 8, g.groups), M * k)](
         x, ids, w13.words, w13.scale, w13.global_scale, h, K, I, IP, k,
         x.stride(0), w13.words.stride(0), w13.scale.stride(0), h.stride(0),
-        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, WS=g.word_scales, num_warps=g.num_warps)
+        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, WS=g.word_scales, EVEN=even_g, num_warps=g.num_warps)
     marlin_down_kernel[(cdiv(H // 8, d.groups), M)](
         h, ids, wts, w2.words, w2.scale, w2.global_scale, out, I, IP, H, k,
         h.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
-        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, KP=triton.next_power_of_2(k), WS=d.word_scales, num_warps=d.num_warps)
+        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, KP=KP, WS=d.word_scales, EVEN=even_d, num_warps=d.num_warps)
     return out
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #5a1c0d22
-def marlin_sass(kernel:str="gate_up", tile:MarlinTile=MarlinTile(1, 32, 4, 3), topk:int=8, arch:int=90)->dict:
+def marlin_sass(kernel:str="gate_up", tile:MarlinTile=MarlinTile(1, 32, 4, 3), topk:int=8, arch:int=90,
+                even:bool=True, # as the launcher compiles at the real shapes (nothing masked)
+               )->dict:
     """Compile `marlin_{kernel}_kernel` for `sm_{arch}` without a GPU and count the SASS of its main loop: instructions,
     the bytes of codes one thread reads per iteration, the ratio, and the instruction mix (`ops`)."""
     from solar_open2.vllm.ops.sass import compiled_loop
     if kernel not in ("gate_up", "down"): raise ValueError(f"kernel must be 'gate_up' or 'down', got {kernel!r}")
     KP = triton.next_power_of_2(topk)
-    consts = dict(C=tile.groups, BKT=tile.k_tiles, NUM_STAGES=tile.num_stages, WS=tile.word_scales)
+    consts = dict(C=tile.groups, BKT=tile.k_tiles, NUM_STAGES=tile.num_stages, WS=tile.word_scales, EVEN=even)
     if kernel == "gate_up":
         fn, sig = marlin_gate_up_kernel, dict(x_ptr="*bf16", ids_ptr="*i32", w_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", h_ptr="*fp32",
                    K="i32", I="i32", IP="i32", topk="i32", stride_xm="i32", stride_we="i32", stride_se="i32", stride_hm="i32")
@@ -354,6 +370,8 @@ CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile: MarlinTile's fie
     (5, 256, 48, 64, 1, 5, (2, 8, 2, 1), (1, 2, 4, 3)),
     (4, 64, 96, 192, 3, 3, (2, 2, 4, 2, True), (4, 8, 4, 2, True)),   # the scale bytes loaded per word
     (5, 256, 48, 64, 1, 5, (1, 8, 2, 1, True), (8, 2, 4, 3, True)),
+    (4, 128, 64, 128, 2, 4, (2, 4, 4, 2), (2, 2, 4, 2)),      # every shape even: nothing masked (K, I, H, k fit the tiles)
+    (4, 128, 64, 128, 3, 2, (1, 8, 4, 2, True), (4, 4, 4, 1, True)),
 )
 
 def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, broken:bool=False)->list:
