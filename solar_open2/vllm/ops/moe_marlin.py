@@ -372,6 +372,7 @@ CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile: MarlinTile's fie
     (5, 256, 48, 64, 1, 5, (1, 8, 2, 1, True), (8, 2, 4, 3, True)),
     (4, 128, 64, 128, 2, 4, (2, 4, 4, 2), (2, 2, 4, 2)),      # every shape even: nothing masked (K, I, H, k fit the tiles)
     (4, 128, 64, 128, 3, 2, (1, 8, 4, 2, True), (4, 4, 4, 1, True)),
+    (3, 64, 160, 192, 2, 2, (16, 8, 4, 1), (16, 8, 4, 1)),    # nothing even: a step past the last tile row, a group block past the last group
 )
 
 def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, broken:bool=False)->list:
