@@ -102,3 +102,22 @@ def test_marlin_rows_take_the_fastest_pair_per_count_and_refuse_a_failed_gate():
     assert eval(mb.rows_literal(rows), {"MarlinTile": MarlinTile}) == tuple(rows)
     with pytest.raises(ValueError, match="gate"):
         mb.marlin_rows({"gate": {"passed": False}, "best": best})
+
+
+def test_main_prints_the_rows_a_passed_run_measured_and_none_for_a_failed_one(tmp_path, monkeypatch, capsys):
+    """moe_batch.main prints `MARLIN_TILES rows measured:` from the gated result, as the file holds it. The H100 run of
+    2026-12-07 printed none: `run` returns the result without its gate (the writer adds it), and main read that."""
+    pytest.importorskip("triton")
+    from benchmarks.kernels import moe_batch as mb
+    best = {1: {"marlin": {"us": 42.0, "config": None},
+                "marlin_decode": {"us": 41.0, "config": {"gate_up": [1, 64, 4, 2], "down": [1, 8, 4, 2]}}}}
+    good = {"checks": [{"finite": True, "rel_rms": 1e-7}], "best": best}
+    monkeypatch.setattr(mb, "result_paths", lambda *a: [tmp_path / "moe_batch.json"])
+    monkeypatch.setattr(mb, "run", lambda *a, **k: dict(good))
+    assert mb.main([]) == 0
+    out = capsys.readouterr().out
+    assert "MARLIN_TILES rows measured: ((1, MarlinTile(groups=1, k_tiles=64" in out and "CHECK FAILED" not in out
+    monkeypatch.setattr(mb, "run", lambda *a, **k: {**good, "checks": [{"finite": False, "rel_rms": 1e-7}]})
+    assert mb.main([]) == 0
+    out = capsys.readouterr().out
+    assert "CHECK FAILED" in out and "rows measured" not in out and "tokens:" not in out   # a failed gate: no figures printed

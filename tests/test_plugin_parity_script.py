@@ -310,3 +310,54 @@ def test_slice_rank_cuts_the_slice_from_one_tp2_rank_and_keeps_its_prompts_in_th
     assert gp.prompts_for("random", slice_layers=2) == gp.slice_prompts()          # the full slice's prompts unchanged
     with pytest.raises(SystemExit) as e: gp.main(["--slice-rank"])
     assert e.value.code == 2 and "--slice-rank: needs --slice N" in capsys.readouterr().err
+
+
+def _merge(files, out, name="m"):
+    a = gp.main(["--merge", *map(str, files), "--out", str(out), "--name", name])
+    return a, (json.loads((out / f"{name}.json").read_text()) if (out / f"{name}.json").exists() else None)
+
+
+def test_merge_of_the_rank_slice_halves_is_the_committed_report(tmp_path):
+    """The rank slice (H100, 2026-12-07) ran as two calls: eager (graphs past the first call's deadline), then graphs
+    alone. `--merge` gives one report: both cases, eager vs graphs from their tokens (four prompts part, each at a bf16
+    near-tie: excused), no deadline failure for a case the other half ran; and it is the committed current file."""
+    from benchmarks import index
+    halves = [index.path(f"gpu_parity_slice_rank_{m}_h100.json") for m in ("eager", "graphs")]
+    assert json.loads(halves[0].read_text())["failures"] == ["compressed-tensors:graphs:bfloat16: not run (deadline)"]
+    rc, rep = _merge(halves, tmp_path)
+    assert rc == 0 and rep["passed"] and rep["failures"] == []
+    div = rep["runs"]["compressed-tensors:bfloat16:eager_vs_graphs"]["divergences"]
+    assert [d["first_divergence"] for d in div] == [14, 15, 54, 52] and all(d["excused"] for d in div)
+    committed = json.loads(index.current("gpu_parity_slice_rank_h100.json").read_text())
+    assert committed["runs"] == rep["runs"] and committed["passed"]
+    for r in (committed["runs"][f"compressed-tensors:{m}:bfloat16"] for m in ("eager", "graphs")):
+        assert {"gemv_triton", "gemv_pair_triton", "moe_decode_triton", "route_triton", "kda_decode_lr_triton"} <= set(r["launches"][0]["launches"])
+
+
+def test_merge_refuses_reports_of_different_runs_or_a_case_twice_and_keeps_an_unrun_case_failing(tmp_path, capsys):
+    from benchmarks import index
+    e, g = (json.loads(index.path(f"gpu_parity_slice_rank_{m}_h100.json").read_text()) for m in ("eager", "graphs"))
+    def put(name, rep): (tmp_path / name).write_text(json.dumps(rep)); return tmp_path / name
+    other = put("other.json", {**g, "source_sha256": "0" * 16})
+    rc, _ = _merge([put("e.json", e), other], tmp_path / "o1")
+    assert rc == 2 and "'source_sha256'" in capsys.readouterr().err          # other code: not halves of one run
+    rc, _ = _merge([tmp_path / "e.json", put("e2.json", e)], tmp_path / "o2")
+    assert rc == 2 and "compressed-tensors:eager:bfloat16 is in more than one report" in capsys.readouterr().err
+    rc, rep = _merge([tmp_path / "e.json"], tmp_path / "o3")                  # the graphs case ran nowhere: still a failure
+    assert rc == 1 and rep["failures"] == ["compressed-tensors:graphs:bfloat16: not run (deadline)"]
+    bad = {**g, "runs": {k: {**v, "tokens": [t[:10] + [0] * (len(t) - 10) for t in v["tokens"]]} for k, v in g["runs"].items()}}
+    rc, rep = _merge([tmp_path / "e.json", put("g.json", bad)], tmp_path / "o4")   # graphs parts from eager where neither is at a tie
+    assert rc == 1 and "eager and CUDA graphs differ in tokens" in rep["failures"][0]
+
+
+def test_the_plugin_sets_ieee_dots_and_the_float32_tail_passes_at_700_and_4k_tokens():
+    """The float32 tail's plugin half (H100, 2026-12-07): the launcher left TRITON_F32_DEFAULT empty, the plugin's
+    `fp32_ieee_dots` set it to ieee, and every case passes FP32_*_TOL at 700 and 4,096 tokens, alone and batched."""
+    from benchmarks import index
+    d = json.loads(index.current("gpu_parity_tail_plugin_h100.json").read_text())
+    a = argparse.Namespace(logprob_tol=gp.FP32_MAX_TOL, logprob_mean_tol=gp.FP32_MEAN_TOL, noise_factor=2.0,
+                           **{k: d[k] for k in ("min_recall", "min_facts", "behaviour_drop")})
+    r = d["runs"]["bf16:eager:float32"]
+    assert d["passed"] and r["triton_f32_default"] == "ieee" and "TRITON_F32_DEFAULT" not in d["command"]
+    assert [c["prompt_len"] for c in r["single"]] == [700, 4096] and gp.judge_run("bf16:eager:float32", r, a) == []
+    assert max(c["topk_max_abs_dlogprob"] for c in r["single"] + r["batched"]) < gp.FP32_MAX_TOL / 100

@@ -447,15 +447,55 @@ def judge_run(key: str, r: dict, a) -> list:
                                + (f" (first divergences {[div[i]['first_divergence'] for i in bad]}, not bf16 near-ties)" if div else "")]
 
 
-def rejudge(a) -> int:
-    """Re-apply `judge` with the current thresholds to a saved report (its per-sequence comparisons are stored);
-    the failures found at run time are kept as `failures_at_run` with the thresholds then in force."""
-    rep = json.loads(Path(a.rejudge).read_text())
-    rep["rejudged_from"] = {"file": Path(a.rejudge).name, "failures_at_run": rep.get("failures", []),
-                            "thresholds_at_run": {k: rep.get(k) for k in ("logprob_tol", "logprob_mean_tol", "noise_factor", "tie_nats", "min_recall", "min_facts", "behaviour_drop")}}
+MERGE_SAME = ("git_commit", "source_sha256", "gpu", "versions", "weights", "slice_layers", "slice_rank", "long_prompts",
+              "moe_backend", "additional_config", "gemv_probe", "tokens", "tie_nats")   # what two halves of one run must share
+
+
+def merge(a) -> int:
+    """One report from reports that each ran some of the cases of one run (`--merge A.json B.json ...`): a run cut by its
+    deadline and finished by a second call, or the halves `TOGETHER=1` starts apart. They must share `MERGE_SAME`
+    (the same code, GPU, vLLM, weights and settings: the checkpoints are drawn from the same seed) and no case; the
+    result holds every case, the `eager_vs_graphs` records their tokens allow (`mode_divergences`; the logprob
+    differences between the modes need the engines' raw outputs, which the reports do not keep), a "not run
+    (deadline)" failure only for a case no report ran, and is judged again with the current thresholds; no GPU."""
+    files = [Path(f) for f in a.merge]
+    reps = []
+    for f in files:
+        try: reps.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError) as e: print(f"gpu_parity --merge: cannot read {f}: {e}", file=sys.stderr); return 2
+    for k in MERGE_SAME:
+        vals = {json.dumps(r.get(k), sort_keys=True) for r in reps}
+        if len(vals) > 1:
+            print(f"gpu_parity --merge: the reports differ in {k!r} ({', '.join(f'{f.name}: {r.get(k)!r}' for f, r in zip(files, reps))}): "
+                  "not halves of one run", file=sys.stderr); return 2
+    rep = {k: v for k, v in reps[0].items() if k not in ("runs", "failures", "passed", "wall_s", "command", "checkpoint_s")}
+    rep["runs"], rep["checkpoint_s"] = {}, {}
+    for f, r in zip(files, reps):
+        for key, run in r.get("runs", {}).items():
+            if key.endswith(":eager_vs_graphs"): continue                        # made again below, over every report's cases
+            if key in rep["runs"]: print(f"gpu_parity --merge: case {key} is in more than one report ({f.name})", file=sys.stderr); return 2
+            rep["runs"][key] = run
+        rep["checkpoint_s"].update(r.get("checkpoint_s") or {})
+    kept = [x for r in reps for x in r.get("failures", [])
+            if ("vLLM run failed" in x or "not run" in x or "splitting ops" in x) and x.split(": ")[0] not in rep["runs"]]
+    for key in list(rep["runs"]):
+        fmt, mode, dtype = key.split(":")
+        other = f"{fmt}:graphs:{dtype}"
+        if mode == "eager" and other in rep["runs"]:
+            e, g = rep["runs"][key], rep["runs"][other]
+            rep["runs"][f"{fmt}:{dtype}:eager_vs_graphs"] = {"same_tokens": [x == y for x, y in zip(e["tokens"], g["tokens"])], "from_merge": True}
+    rep["merged_from"] = [{"file": f.name, "command": r.get("command"), "wall_s": r.get("wall_s"), "failures": r.get("failures", []),
+                           "cases": sorted(k for k in r.get("runs", {}) if not k.endswith(":eager_vs_graphs"))} for f, r in zip(files, reps)]
+    rep["command"] = command_line()
+    rep["wall_s"] = round(sum(r.get("wall_s") or 0 for r in reps), 1)
+    return _judge_and_write(rep, a, kept)
+
+
+def _judge_and_write(rep: dict, a, fails: list) -> int:
+    "Judge every entry of `rep['runs']` (eager_vs_graphs records get their divergences from the stored cases) after `fails`; write `a.out/a.name`.json."
     rep.update(logprob_tol=a.logprob_tol, logprob_mean_tol=a.logprob_mean_tol, noise_factor=a.noise_factor,
                min_recall=a.min_recall, min_facts=a.min_facts, behaviour_drop=a.behaviour_drop)
-    fails = [f for f in rep.get("failures", []) if "vLLM run failed" in f or "not run" in f or "splitting ops" in f]
+    fails = list(fails)
     for key, r in rep["runs"].items():
         if key.endswith(":eager_vs_graphs"):                                  # its divergences, from the stored cases
             fmt, dtype, _ = key.split(":")
@@ -464,8 +504,18 @@ def rejudge(a) -> int:
     rep["failures"], rep["passed"] = fails, not fails
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{a.name}.json").write_text(json.dumps(rep, indent=1) + "\n")
-    print(json.dumps({"passed": rep["passed"], "failures": fails, "failures_at_run": rep["rejudged_from"]["failures_at_run"]}, indent=1))
     return 0 if rep["passed"] else 1
+
+
+def rejudge(a) -> int:
+    """Re-apply `judge` with the current thresholds to a saved report (its per-sequence comparisons are stored);
+    the failures found at run time are kept as `failures_at_run` with the thresholds then in force."""
+    rep = json.loads(Path(a.rejudge).read_text())
+    rep["rejudged_from"] = {"file": Path(a.rejudge).name, "failures_at_run": rep.get("failures", []),
+                            "thresholds_at_run": {k: rep.get(k) for k in ("logprob_tol", "logprob_mean_tol", "noise_factor", "tie_nats", "min_recall", "min_facts", "behaviour_drop")}}
+    rc = _judge_and_write(rep, a, [f for f in rep.get("failures", []) if "vLLM run failed" in f or "not run" in f or "splitting ops" in f])
+    print(json.dumps({"passed": rep["passed"], "failures": rep["failures"], "failures_at_run": rep["rejudged_from"]["failures_at_run"]}, indent=1))
+    return rc
 
 
 def main(argv: list | None = None) -> int:
@@ -477,6 +527,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--logprob-tol", type=float, default=FP32_MAX_TOL, help="fp32 cases: max |dlogprob| over the top-20 tokens")
     ap.add_argument("--logprob-mean-tol", type=float, default=FP32_MEAN_TOL, help="fp32 cases: mean |dlogprob| over the top-20 tokens")
     ap.add_argument("--rejudge", metavar="JSON", help="re-apply the checks (current thresholds) to a saved report; no GPU")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="one report from reports that ran some of one run's cases each "
+                    "(same code, GPU, settings; no case twice), with eager vs graphs where both modes ran, judged again; no GPU")
     ap.add_argument("--noise-factor", type=float, default=2.0, help="bf16 cases: allowed multiple of the bf16 reference's deviation")
     ap.add_argument("--tie-nats", type=float, default=0.05)
     ap.add_argument("--weights", default="trained", metavar="{trained,random,FILE}",
@@ -522,6 +574,10 @@ def main(argv: list | None = None) -> int:
     if a.slice_rank and not a.slice: ap.error("--slice-rank: needs --slice N (it says which slice to cut)")
     if a.child_model: return child_main(a)
     if a.rejudge: return rejudge(a)
+    if a.merge:
+        rc = merge(a)
+        if rc != 2: print(json.dumps({k: v for k, v in json.loads((Path(a.out) / f"{a.name}.json").read_text()).items() if k in ("passed", "failures")}, indent=1))
+        return rc
     cases = []
     for c in a.cases or (SLICE_CASES if a.slice else DEFAULT_CASES):
         fmt, mode, dtype = (c.split(":") + ["bfloat16"])[:3]

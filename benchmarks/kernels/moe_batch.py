@@ -33,7 +33,7 @@ withholds the summary (`best`) when a path's check failed.
 from __future__ import annotations
 import argparse, json, time
 
-from benchmarks.common import ROOT, add_run_args, int_list, json_writer, result_head, result_paths, tile_list, time_graph
+from benchmarks.common import ROOT, add_run_args, gated_view, int_list, json_writer, result_head, result_paths, tile_list, time_graph
 from benchmarks.kernels.moe_decode import REAL, expert_bytes, routing
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 512, 8192)
@@ -283,10 +283,11 @@ def main(argv=None)->int:
     if bad: ap.error(f"--marlin-tiles: each entry is GxKTxWARPSxSTAGES[xFORM]/GxKTxWARPSxSTAGES[xFORM] (gate_up/down, FORM 2 or 3), got {bad}")
     outs = result_paths("moe_batch", a.results_dir, a.out)
     if outs is None: return 2
-    res = run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, marlin_tiles=a.marlin_tiles)
+    res = gated_view(run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, marlin_tiles=a.marlin_tiles),
+                     gate, GATE_RULE)                                   # what the file holds: the gate's verdict, figures withheld on failure
     for c in res["checks"]:
         if not (c["finite"] and c["rel_rms"] < CHECK_LIMIT): print("CHECK FAILED", c)
-    for M, b in res["best"].items():
+    for M, b in res.get("best", {}).items():
         print(M, "tokens:", ", ".join(f"{p} {r['us']} us ({r.get('config')}; marlin/this {r.get('marlin_over_this')})" for p, r in b.items()))
     if res.get("gate", {}).get("passed") and any("marlin_decode" in b for b in res["best"].values()):
         print("MARLIN_TILES rows measured:", rows_literal(marlin_rows(res)))

@@ -286,12 +286,13 @@ class MarlinTile:
         if self.num_stages < 1: raise ValueError(f"MarlinTile.num_stages must be >= 1, got {self.num_stages}")
 
 # the fastest pair per token count of moe_batch's sweep on an H100 (sm_90, as the H200; 15 pairs, gate_up varied with down
-# held, then down): still 1.05x (one token) to 1.9x (8 tokens) slower than Marlin, so the option `moe_marlin_kernels` is off.
-# The H200 has not timed this version (its sweep of the first version: 2x slower at every count, as on the H100)
+# held, then down, and 5 word_scales pairs), with the EVEN launches: 0.98x Marlin's time at one token, 1.3x to 1.9x at 2
+# to 8 tokens, so the option `moe_marlin_kernels` is off. The H200 has not timed this version (its sweep of the first
+# version: 2x slower at every count, as on the H100)
 MARLIN_TILES = TileTable("moe decode over Marlin's layout",
-                         {(): ((1, MarlinTile(1, 32, 4, 3), MarlinTile(2, 4, 4, 2)), (2, MarlinTile(2, 16, 4, 2), MarlinTile(2, 4, 4, 2)),
-                               (4, MarlinTile(1, 32, 4, 2), MarlinTile(2, 4, 4, 2)), (8, MarlinTile(1, 32, 4, 3), MarlinTile(2, 4, 4, 2)))},
-                         archs=(H200,), source="benchmarks/kernels/moe_batch.py (benchmarks/results/current/moe_batch_h100.json)")
+                         {(): ((1, MarlinTile(1, 64, 4, 2), MarlinTile(1, 8, 4, 2)), (2, MarlinTile(1, 64, 4, 2), MarlinTile(2, 8, 4, 2)),
+                               (4, MarlinTile(1, 64, 4, 2), MarlinTile(2, 8, 4, 2)), (8, MarlinTile(2, 16, 4, 2), MarlinTile(2, 4, 4, 2)))},
+                         archs=(H200,), source="benchmarks/kernels/moe_batch.py (benchmarks/results/current/moe_batch_h100_even.json)")
 
 def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
                       topk_ids:torch.Tensor, # [M, k] selected experts
