@@ -159,3 +159,27 @@ def plugin_module(name:str, no_op:bool|None=None):
     runs them as they are. (`no_op` is accepted for older callers and does nothing.)"""
     import importlib
     return importlib.import_module(f"solar_open2.vllm.ops.{name}")
+
+def run_logged(cmd:list, log:Path, timeout_s:float, env:dict|None=None, cwd:Path|None=None, grace_s:float=15.0)->int:
+    """Run `cmd` in a session of its own, its output streamed into `log` as it comes (a hung or killed child leaves
+    what it printed), and return its exit status. Past `timeout_s`: SIGABRT to the whole process group first, so that
+    every Python process in it (the child, vLLM's engine core and workers) with `PYTHONFAULTHANDLER` set (this function
+    sets it) prints where each of its threads stood; after `grace_s` SIGKILL to what is left; a last line says so, and
+    the status is 124, as `timeout`'s."""
+    import signal
+    env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try: return p.wait(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired: pass
+        for sig, wait in ((signal.SIGABRT, grace_s), (signal.SIGKILL, 30.0)):
+            try: os.killpg(p.pid, sig)
+            except ProcessLookupError: break
+            try: p.wait(timeout=wait)
+            except subprocess.TimeoutExpired: continue
+            if sig == signal.SIGABRT:                                   # the child is gone; its group may not be
+                try: os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError: pass
+            break
+        f.write(f"\n[run_logged: no exit after {timeout_s:.0f} s; process group {p.pid} sent SIGABRT (tracebacks above), then SIGKILL]\n")
+    return 124

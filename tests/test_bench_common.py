@@ -83,3 +83,32 @@ def test_every_kernel_benchmark_declares_its_gate():
         assert callable(m.gate) and isinstance(m.GATE_RULE, str) and m.GATE_RULE, n
         src = (ROOT / "benchmarks" / "kernels" / f"{n}.py").read_text()
         assert "json_writer(" in src and ", gate, GATE_RULE" in src, n
+
+
+def test_run_logged_streams_returns_the_status_and_on_timeout_dumps_then_kills_the_whole_group(tmp_path):
+    """benchmarks.common.run_logged: the output is in the log as it comes; past the limit every Python process of the
+    group prints its stack (SIGABRT with PYTHONFAULTHANDLER) and a grandchild (vLLM's engine core) dies with it."""
+    import sys, time
+    from benchmarks.common import run_logged
+    log = tmp_path / "a.log"
+    assert run_logged([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], log, 30) == 3
+    assert log.read_text().strip() == "hi"
+    gc = tmp_path / "gc.pid"
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(600)', sys.argv[1]])\n"
+            "print('started', flush=True)\n"
+            "def waiting_for_the_engine(): time.sleep(600)\n"
+            "waiting_for_the_engine()\n")
+    t = time.time()
+    assert run_logged([sys.executable, "-c", code, str(gc)], log, 3, grace_s=5) == 124
+    assert time.time() - t < 20
+    text = log.read_text()
+    assert text.startswith("started") and "Fatal Python error: Aborted" in text and "waiting_for_the_engine" in text
+    assert "[run_logged: no exit after 3 s" in text
+    pid = int(gc.read_text())
+    for _ in range(50):                                                 # gone, or a zombie waiting for init to reap it
+        try: state = open(f"/proc/{pid}/stat").read().split(")")[1].split()[0]
+        except FileNotFoundError: break
+        if state == "Z": break
+        time.sleep(0.1)
+    else: raise AssertionError(f"the grandchild {pid} outlived the group's kill (state {state})")

@@ -221,3 +221,9 @@ def test_explain_calls_a_token_within_two_ulps_a_near_tie():
     assert abs(e["divergence"]["gap_ulps"] - 0.05 / bf16_ulp(13.1)) < 1e-3
     far = S.explain(M(), [1, 2], [9, 7], None, 0.01, "cpu")                     # 0.6 nats: 9.6 ulps
     assert far["mismatches"] == [0]
+
+
+def test_an_engine_gets_what_is_left_of_the_deadline_plus_the_grace():
+    "spec.child_timeout: an engine started at t gets deadline - t + 60 s, never under 60 (one started just before the deadline)."
+    assert S.child_timeout(480, 100) == 440 and S.child_timeout(480, 479) == 61 and S.child_timeout(480, 600) == 60
+    assert S.child_timeout(300, 0, grace_s=30) == 330

@@ -52,10 +52,10 @@ declaring the same entry point into a temporary directory and puts it, with the 
 PYTHONPATH (as the engine benchmark, `benchmarks.engine.perf`, does), so vLLM's own `load_general_plugins()` finds it in the engine core
 and the workers. The JSON records which.
 """
-import argparse, importlib.metadata, json, os, platform, subprocess, sys, tempfile, time
+import argparse, importlib.metadata, json, os, platform, sys, tempfile, time
 from pathlib import Path
 
-from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, source_digest
+from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, run_logged, source_digest
 
 MODULE = "benchmarks.engine.parity"     # each engine runs in a child process of this module
 FORMATS = ("compressed-tensors", "bf16")
@@ -624,23 +624,19 @@ def main(argv: list | None = None) -> int:
             report.setdefault("checkpoint_s", {})[fmt] = round(time.time() - t_ck, 1)
         outf = work / f"vllm_{fmt}_{mode}_{dtype}.json"
         t = time.time()
-        try:
-            r = subprocess.run([sys.executable, "-m", MODULE, "--child-model", str(ck), "--child-mode", mode, "--child-dtype", dtype,
-                                "--child-out", str(outf), "--tokens", str(a.tokens)]
-                               + (["--additional-config", a.additional_config] if a.additional_config else [])
-                               + (["--gemv-probe"] if a.gemv_probe else [])
-                               + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
-                               + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
-                               + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)]
-                               + (["--slice-rank"] if a.slice_rank else [])
-                               + (["--long"] if a.long else []) + (["--traps"] if a.traps else []), env=env, cwd=ROOT,
-                               capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
-        except subprocess.TimeoutExpired as e:
-            txt = lambda b: (b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
-            r = subprocess.CompletedProcess(e.cmd, 124, txt(e.stdout), txt(e.stderr) + "\n[gpu_parity: timed out]")
-        (Path(a.out) / f"{a.name}_{fmt}_{mode}_{dtype}.log").write_text(r.stdout + r.stderr)
-        if r.returncode != 0:
-            report["failures"].append(f"{case}: vLLM run failed (rc {r.returncode}): {(r.stderr or r.stdout)[-800:]}")
+        logf = Path(a.out) / f"{a.name}_{fmt}_{mode}_{dtype}.log"              # streamed: a hung or killed engine leaves its log
+        rc = run_logged([sys.executable, "-m", MODULE, "--child-model", str(ck), "--child-mode", mode, "--child-dtype", dtype,
+                         "--child-out", str(outf), "--tokens", str(a.tokens)]
+                        + (["--additional-config", a.additional_config] if a.additional_config else [])
+                        + (["--gemv-probe"] if a.gemv_probe else [])
+                        + ["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
+                        + (["--kv-cache-memory-bytes", str(a.kv_cache_memory_bytes)] if a.kv_cache_memory_bytes else [])
+                        + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)]
+                        + (["--slice-rank"] if a.slice_rank else [])
+                        + (["--long"] if a.long else []) + (["--traps"] if a.traps else []),
+                        logf, max(60, a.deadline_s - (time.time() - t_start) + 60), env, ROOT)
+        if rc != 0:
+            report["failures"].append(f"{case}: vLLM run failed (rc {rc}): {logf.read_text(errors='replace')[-800:]}")
             continue
         res = json.loads(outf.read_text()); res["wall_s"] = round(time.time() - t, 1)
         try:

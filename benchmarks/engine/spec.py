@@ -30,11 +30,11 @@ skips its memory profiling, which the other engines' allocations would upset). T
 process as in the parity script (installed entry point, or a throw-away dist-info on PYTHONPATH). Writes `<name>.json`
 and one log per engine to --out (default $OUT, else benchmarks/results/incoming/); exits 1 if any check fails.
 """
-import argparse, json, os, platform, subprocess, sys, tempfile, time
+import argparse, json, os, platform, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, source_digest
+from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, run_logged, source_digest
 from benchmarks.engine.parity import BF16_TIE_ULPS, ENV, entry_point_shim, load_reference, plugin_entry_point, prompts_for
 
 MODULE = "benchmarks.engine.spec"
@@ -316,6 +316,14 @@ def child_command(a, ck: Path, mode: str, outf: Path, spec: dict | None, cg: str
             + (["--child-spec", json.dumps(spec)] if spec else []) + (["--child-cudagraph-mode", cg] if cg else []))
 
 
+def child_timeout(deadline_s: float, elapsed_s: float, grace_s: float = 60.0) -> float:
+    """Seconds one engine may run: what is left of `--deadline-s`, plus `grace_s` for a run that started just before it
+    (an engine is not started after the deadline); at least `grace_s`. A caller's own time limit must allow
+    `deadline_s + grace_s` and the reference's minute after it, or it kills the driver first (on 2026-12-07 a 520 s
+    limit over `--deadline-s 480` lost two finished runs with the third; each run's record is now written as it ends)."""
+    return max(grace_s, deadline_s - elapsed_s + grace_s)
+
+
 def child_env(a, paths: list) -> dict:
     "The children's environment: this one, parity's `ENV`, `paths` first on PYTHONPATH, and the probe's variable with `--norm-probe`."
     return {**os.environ, **ENV, **({NORM_PROBE_ENV: "1"} if a.norm_probe else {}),
@@ -378,21 +386,20 @@ def main(argv: list | None = None) -> int:
         if time.time() - t_start > a.deadline_s: return key, {"error": "not run (deadline)"}
         ck = work / f"tiny_{fmt.replace('-', '_')}"; outf = work / f"{key.replace(':', '_')}.json"
         t = time.time()
-        try:
-            r = subprocess.run(child_command(a, ck, mode, outf, spec, cg), env=env, cwd=ROOT, capture_output=True, text=True, timeout=max(60, a.deadline_s - (time.time() - t_start) + 60))
-            log = r.stdout + r.stderr; rc = r.returncode
-        except subprocess.TimeoutExpired as e:
-            log = str(e.stdout or "") + str(e.stderr or "") + "\n[gpu_spec: timed out]"; rc = 124
-        (Path(a.out) / f"{a.name}_{key.replace(':', '_')}.log").write_text(log)
-        if rc != 0: return key, {"error": f"rc {rc}: {log[-1500:]}"}
+        logf = Path(a.out) / f"{a.name}_{key.replace(':', '_')}.log"            # streamed: a hung engine leaves its log
+        rc = run_logged(child_command(a, ck, mode, outf, spec, cg), logf, child_timeout(a.deadline_s, time.time() - t_start), env, ROOT)
+        if rc != 0: return key, {"error": f"rc {rc}: {logf.read_text(errors='replace')[-1500:]}"}
         res = json.loads(outf.read_text()); res["wall_s"] = round(time.time() - t, 1); res["spec"] = spec; res["cudagraph_mode_asked"] = cg
         res["kda_op_splits_graphs"] = "vllm::solar_open2_kda_attention" in (res.get("splitting_ops") or [])
         return key, res
 
     runs = plan(a.formats, a.modes, a.ks, None if a.draft == "none" else a.draft, draft_dir, a.only)
     base, rest = [r for r in runs if r[2] == "base"], [r for r in runs if r[2] != "base"]
+    partial = Path(a.out) / f"{a.name}.json"
     with ThreadPoolExecutor(max(1, a.lanes)) as ex:                  # baselines first: a cold machine autotunes once per dtype
-        for key, res in ex.map(one, base + rest): report["runs"][key] = res
+        for key, res in ex.map(one, base + rest):
+            report["runs"][key] = res                                 # each run in the file as it ends: a later kill loses no finished run
+            partial.write_text(json.dumps({**report, "partial": True, "passed": False}, indent=1) + "\n")
     add_reference(report, work, a.formats, a.weights, a.tie_nats, "cuda")
     report["tie_nats"] = a.tie_nats
     report["failures"] = judge(report)
