@@ -126,7 +126,7 @@ def test_checks_script_refuses_timed_jobs_together_and_unknown_jobs(tmp_path):
     sh = ROOT / "scripts/device/checks.sh"
     env = {**os.environ, "OUT": str(tmp_path), "TOGETHER": "1"}
     r = subprocess.run(["bash", str(sh), "parity", "new-rank"], capture_output=True, text=True, env=env)
-    assert r.returncode == 2 and "new-rank times decode steps" in r.stderr
+    assert r.returncode == 2 and "new-rank times or profiles kernels" in r.stderr
     r = subprocess.run(["bash", str(sh), "parity", "nope"], capture_output=True, text=True, env={**env, "TOGETHER": "0"})
     assert r.returncode == 2 and "unknown job 'nope'" in r.stderr and not list(tmp_path.iterdir())
 
@@ -221,7 +221,7 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
         assert v.ngram == (3 if flags else None) and v.spec_full_graphs == (True if "--spec-full-graphs" in flags else None)
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
-    assert r.returncode == 2 and "spec-e2e times decode steps" in r.stderr
+    assert r.returncode == 2 and "spec-e2e times or profiles kernels" in r.stderr
 
 
 def test_checks_script_tail_halves_and_the_moe_batch_job(tmp_path):
@@ -238,7 +238,19 @@ def test_checks_script_tail_halves_and_the_moe_batch_job(tmp_path):
     assert calls[1].startswith("F32=unset -m benchmarks.kernels.moe_batch --out ") and calls[1].endswith("--deadline-s 90 --tokens 1,64")
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-batch"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
-    assert r.returncode == 2 and "moe-batch times decode steps" in r.stderr
+    assert r.returncode == 2 and "moe-batch times or profiles kernels" in r.stderr
+
+
+def test_checks_script_moe_profile_runs_the_ncu_profile_alone(tmp_path):
+    "checks.sh moe-profile: benchmarks.kernels.moe_profile into $OUT/moe-profile with MOE_PROFILE_ARGS; TOGETHER=1 refuses it."
+    site, log = fake_site(tmp_path)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "MOE_PROFILE_ARGS": "--tokens 1,2,4,8"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-profile"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert log.read_text().splitlines() == [f"F32=unset -m benchmarks.kernels.moe_profile --out {tmp_path / 'out' / 'moe-profile'} --tokens 1,2,4,8"]
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-profile"], capture_output=True, text=True,
+                       env={**env, "TOGETHER": "1"})
+    assert r.returncode == 2 and "moe-profile times or profiles kernels" in r.stderr
 
 
 def test_checks_script_moe_rank_runs_issue_28s_ab_the_perf_parser_accepts(tmp_path):
@@ -260,4 +272,4 @@ def test_checks_script_moe_rank_runs_issue_28s_ab_the_perf_parser_accepts(tmp_pa
     assert got["marlin_decode"].moe_marlin_kernels is True and got["emulation"].moe_backend == "emulation"
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-rank"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
-    assert r.returncode == 2 and "moe-rank times decode steps" in r.stderr
+    assert r.returncode == 2 and "moe-rank times or profiles kernels" in r.stderr

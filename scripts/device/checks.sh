@@ -44,6 +44,9 @@
 #                 (benchmarks.engine.perf --phase ab): no MoE flag (today Marlin alone), Marlin with the plugin's decode
 #                 kernels over its copy (--moe-marlin-kernels) and the emulation backend (--moe-backend emulation), into
 #                 $OUT/moe-rank/ (MOE_RANK_ARGS: more perf options; about 150 s an engine on a warm machine)
+#   moe-profile   Nsight Compute on the raw-layout and the Marlin-layout decode kernels at 1 and 8 tokens (issue 28;
+#                 benchmarks.kernels.moe_profile: ncu --set full, each path checked against fp32 first; about a minute; never
+#                 TOGETHER; MOE_PROFILE_ARGS: more, e.g. "--tokens 1,2,4,8")
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -68,7 +71,7 @@ TINY_MEM=(); KV_MEM=(); DYN_MEM=()
 if [ "$TOGETHER" = 1 ]; then
   TINY_MEM=(--gpu-memory-utilization 0.08 --kv-cache-memory-bytes 2147483648); KV_MEM=(--gpu-memory-utilization 0.74)
   DYN_MEM=(--gpu-memory-utilization 0.08)                              # its engines have a fixed pool already
-  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch) echo "checks.sh: $j times decode steps; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
+  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch|moe-profile) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
 fi
 
 job() {
@@ -134,13 +137,15 @@ run_one() {
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
         --ab "base=" --ab "ngram3=--ngram ${SPEC_E2E_K:-3}" --ab "ngram3_full=--ngram ${SPEC_E2E_K:-3} --spec-full-graphs" ;;
+    moe-profile) read -r -a PROF_EXTRA <<< "${MOE_PROFILE_ARGS:-}"
+          job "$j" python3 -m benchmarks.kernels.moe_profile --out "$OUT/$j" "${PROF_EXTRA[@]}" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.spec --out "$OUT/$j" --name "gpu_spec_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" \
               --deadline-s "$DEADLINE_S" "${SPEC_EXTRA[@]}" ;;
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank moe-profile "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done
