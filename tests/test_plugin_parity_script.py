@@ -361,3 +361,25 @@ def test_the_plugin_sets_ieee_dots_and_the_float32_tail_passes_at_700_and_4k_tok
     assert d["passed"] and r["triton_f32_default"] == "ieee" and "TRITON_F32_DEFAULT" not in d["command"]
     assert [c["prompt_len"] for c in r["single"]] == [700, 4096] and gp.judge_run("bf16:eager:float32", r, a) == []
     assert max(c["topk_max_abs_dlogprob"] for c in r["single"] + r["batched"]) < gp.FP32_MAX_TOL / 100
+
+
+def test_the_rank_slice_launched_every_kernel_that_is_on_by_default():
+    """Issue 32's acceptance: at the real shapes (the rank slice, H100, with the emulation backend under which the MoE
+    kernels are given) every option that is on by default and has a launcher of its own was given to the model and
+    launched, eager and graphs; the one not given, the gate kernel, is on by default but its work moved into the KDA
+    decode kernel (`kda_decode_gates`, on), which launched."""
+    from benchmarks import index
+    from solar_open2.vllm.options import OPTIONS
+    from solar_open2.vllm.model import KERNEL_LAUNCHERS
+    serves = {"gemv_kernel": "gemv", **{k: k for k in KERNEL_LAUNCHERS if k != "gemv"}}          # option -> apply's record key
+    on = [o.name for o in OPTIONS if o.default and o.name in serves]
+    assert sorted(on) == ["gemv_kernel", "gemv_pairs", "kda_decode_kernel", "kda_gate_kernel", "moe_kernels", "router_kernel"]
+    d = json.loads(index.current("gpu_parity_slice_rank_h100.json").read_text())
+    for mode in ("eager", "graphs"):
+        w = d["runs"][f"compressed-tensors:{mode}:bfloat16"]["launches"][0]
+        for name in on:
+            key = serves[name]
+            if name == "kda_gate_kernel":
+                assert w["applied"][key] == 0 and w["applied"]["kda_decode_gates"] > 0
+                continue
+            assert w["applied"][key] > 0 and any(w["launches"].get(x, 0) > 0 for x in KERNEL_LAUNCHERS[key]), (mode, name, w)
