@@ -1,5 +1,5 @@
 "The MoE kernels' Nsight Compute profile (benchmarks.kernels.moe_profile, issue 28): its reading of ncu's raw CSV, on the CPU."
-import csv, io, subprocess, sys
+import csv, io, json, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -44,14 +44,22 @@ def test_launches_are_labelled_in_the_childs_order_and_other_reports_refused():
     assert [(l["tokens"], l["path"], l["role"]) for l in got[:4]] == [(1, "raw", "gate_up"), (1, "raw", "down"), (1, "marlin", "gate_up"), (1, "marlin", "down")]
     assert got[4]["tokens"] == 8
     q = mp.ratios(got)
-    assert q["1"]["gate_up"]["duration"] == 2.0 and q["8"]["down"]["duration"] == 1.2 and q["1"]["gate_up"]["sectors_per_request"] == 1.0
-    assert q["1"]["gate_up"]["cycles_per_issue"] is None                         # absent in both: no ratio, no crash
+    assert q["1"]["marlin:gate_up"]["duration"] == 2.0 and q["8"]["marlin:down"]["duration"] == 1.2
+    assert q["1"]["marlin:gate_up"]["sectors_per_request"] == 1.0
+    assert q["1"]["marlin:gate_up"]["cycles_per_issue"] is None                  # absent in both: no ratio, no crash
     with pytest.raises(ValueError, match="not"):                               # a launch missing (the report cut short)
         mp.label(mp.parse_raw_csv(raw_csv([(k, 1, 1) for k in seq[:-1]])), (1, 8))
+    three = seq[:4] + seq[2:4]                                                  # with the packed-fp16 path: its launches after Marlin's
+    got = mp.label(mp.parse_raw_csv(raw_csv([(k, 1 + i, 400) for i, k in enumerate(three)])), (1,), mp.PATHS)
+    assert [l["path"] for l in got] == ["raw", "raw", "marlin", "marlin", "marlin_h2", "marlin_h2"]
+    assert mp.ratios(got)["1"]["marlin_h2:gate_up"]["duration"] == 5.0
+    with pytest.raises(ValueError, match="not"):                               # the raw path's kernels where Marlin's belong
+        mp.label(mp.parse_raw_csv(raw_csv([(k, 1, 1) for k in seq[:2] * 3])), (1,), mp.PATHS)
 
 
 def test_the_gate_needs_right_outputs_both_paths_and_the_launches():
-    ok = {"tokens": [1], "checks": [{"finite": True, "rel_rms": 1e-6}] * 2, "launches": [{}], "errors": []}
+    ok = {"tokens": [1], "paths": ["raw", "marlin"], "checks": [{"finite": True, "rel_rms": 1e-6}] * 2, "launches": [{}], "errors": []}
+    assert not mp.gate({**ok, "paths": list(mp.PATHS)})                          # a path unchecked
     assert mp.gate(ok)
     assert not mp.gate({**ok, "checks": [{"finite": True, "rel_rms": 0.5}, {"finite": True, "rel_rms": 1e-6}]})
     assert not mp.gate({**ok, "checks": ok["checks"][:1]}) and not mp.gate({**ok, "launches": []})
@@ -64,3 +72,21 @@ def test_no_gpu_exits_2_and_token_counts_past_the_decode_range_name_the_flag():
     if torch.cuda.is_available(): return
     r = subprocess.run([sys.executable, "-m", "benchmarks.kernels.moe_profile"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
+
+
+def test_prepare_checks_every_path_and_binds_each_calls_inputs(interpreted):
+    """moe_profile.prepare under Triton's interpreter at small shapes (Marlin's copy by `from_experts`, as the chapter's
+    checks build it): every path of every token count is right against fp32, and each profiled call keeps its own token
+    count's inputs (they run after the loop, so a call that read the loop's variables would compute the last count's)."""
+    out = interpreted("""
+import json
+from benchmarks.kernels.moe_profile import PATHS, prepare
+from solar_open2.vllm.ops import moe_marlin as mm
+from solar_open2.vllm.ops.moe_decode import NVFP4Experts
+copies = lambda w13, w2: (mm.from_experts(NVFP4Experts(w13.packed, w13.scale, w13.global_scale), segments=2),
+                          mm.from_experts(w2, pad_inner=True))
+res, calls = prepare((1, 2), PATHS, device="cpu", shapes=dict(E=4, K=64, I=64, H=64, topk=2), copies=copies)
+print(json.dumps([res["checks"], [[fn().shape[0] for _, fn in one] for one in calls]]))""")
+    checks, rows = json.loads(out.strip().splitlines()[-1])
+    assert len(checks) == 6 and all(c["finite"] and c["rel_rms"] < 1e-2 for c in checks), checks
+    assert rows == [[1, 1, 1], [2, 2, 2]]

@@ -10,7 +10,8 @@ layout). For each token count, one launch of each kernel of both paths: the raw-
 `moe_decode_triton` with its `TILES`) and the decode over Marlin's layout (chapter `moe_marlin`, `moe_marlin_triton`
 with its `MARLIN_TILES`). The script runs itself under `ncu --set full --profile-from-start off` (the child, `--child`,
 compiles and warms every kernel outside the profiled range, then profiles one call of each path per token count) and
-reads the report back as raw CSV.
+reads the report back as raw CSV. `--paths` adds (by default) the Marlin-layout decode with its gate/up in packed fp16
+(`MarlinTile.half2`, not yet in `MARLIN_TILES`): its activation kernel is not profiled, its gate/up and down are.
 
 Gate: before anything is profiled, each path's output on the token count's tokens is within `moe_batch.CHECK_LIMIT`
 relative RMS of the plain fp32 version and finite, and the report holds exactly the expected launches (two kernels a
@@ -28,9 +29,13 @@ from pathlib import Path
 
 from benchmarks.common import INCOMING, ROOT, gated_view, int_list, result_head
 
-KERNELS = {"moe_gate_up_kernel": ("raw", "gate_up"), "moe_down_kernel": ("raw", "down"),
-           "marlin_gate_up_kernel": ("marlin", "gate_up"), "marlin_down_kernel": ("marlin", "down")}
-ORDER = (("raw", "gate_up"), ("raw", "down"), ("marlin", "gate_up"), ("marlin", "down"))   # the child's call order a count
+PATHS = ("raw", "marlin", "marlin_h2")   # the raw decode, the decode over Marlin's layout, the same with gate/up in packed fp16
+KERNEL_OF = {("raw", "gate_up"): "moe_gate_up_kernel", ("raw", "down"): "moe_down_kernel"}
+KERNEL_OF.update({(p, k): f"marlin_{k}_kernel" for p in PATHS[1:] for k in ("gate_up", "down")})
+
+def order(paths=PATHS[:2]) -> list:
+    "The (path, role) of each profiled launch of one token count, in the child's call order."
+    return [(p, k) for p in paths for k in ("gate_up", "down")]
 KERNEL_FILTER = "regex:^(moe|marlin)_(gate_up|down)_kernel$"
 # the raw metrics kept per launch (ncu's names; a metric the report lacks is kept as None)
 METRICS = {"duration": "gpu__time_duration.sum", "dram_bytes_read": "dram__bytes_read.sum",
@@ -78,26 +83,27 @@ def parse_raw_csv(text: str) -> list:
     return out
 
 
-def label(launches: list, tokens: tuple) -> list:
-    """Each launch's token count, path and kernel: the child profiles, per token count in `tokens`, the raw path then
-    the Marlin path, gate_up then down (`ORDER`). A report with other launches is refused (ValueError)."""
-    names = [KERNELS.get(l["kernel"]) for l in launches]
-    want = [o for _ in tokens for o in ORDER]
-    if names != want:
+def label(launches: list, tokens: tuple, paths=PATHS[:2]) -> list:
+    """Each launch's token count, path and kernel: the child profiles, per token count in `tokens`, each of `paths` in
+    turn, gate_up then down (`order`). A report whose kernels are not those, in that order, is refused (ValueError)."""
+    want = [o for _ in tokens for o in order(paths)]
+    if [l["kernel"] for l in launches] != [KERNEL_OF[o] for o in want]:
         raise ValueError(f"moe_profile: the report's launches {[l['kernel'] for l in launches]} are not "
-                         f"{len(tokens)} x {[f'{p}:{k}' for p, k in ORDER]}")
-    return [{**l, "tokens": M, "path": p, "role": k} for l, M, (p, k) in zip(launches, [M for M in tokens for _ in ORDER], names)]
+                         f"{len(tokens)} x {[KERNEL_OF[o] for o in order(paths)]}")
+    counts = [M for M in tokens for _ in order(paths)]
+    return [{**l, "tokens": M, "path": p, "role": k} for l, M, (p, k) in zip(launches, counts, want)]
 
 
 def ratios(launches: list) -> dict:
-    "Per token count and kernel role: the Marlin-layout launch's figure over the raw-layout one's, for `RATIO_KEYS`."
+    """Per token count, Marlin-layout path and kernel role (`marlin:gate_up`, `marlin_h2:gate_up`, ...): its launch's
+    figure over the raw-layout launch's of the same role, for `RATIO_KEYS`."""
     by = {(l["tokens"], l["path"], l["role"]): l["metrics"] for l in launches}
     out = {}
     for (M, p, k), m in by.items():
-        if p != "marlin" or (M, "raw", k) not in by: continue
+        if p == "raw" or (M, "raw", k) not in by: continue
         raw = by[(M, "raw", k)]
-        out.setdefault(str(M), {})[k] = {key: (round(m[key] / raw[key], 3) if m.get(key) is not None and raw.get(key) else None)
-                                         for key in RATIO_KEYS}
+        out.setdefault(str(M), {})[f"{p}:{k}"] = {key: (round(m[key] / raw[key], 3) if m.get(key) is not None and raw.get(key) else None)
+                                                  for key in RATIO_KEYS}
     return out
 
 
@@ -109,35 +115,52 @@ def find_ncu(given: str | None) -> str | None:
     return None
 
 
-def child(a) -> int:
-    "Under ncu: check both paths at every token count, warm them, then profile one call of each per count."
+def prepare(tokens, paths, device: str = "cuda", shapes: dict | None = None, copies=None) -> tuple:
+    """The calls to profile, per token count a list of (path, call) with its inputs bound, each checked against the
+    fp32 version and run once more (compiled, warm); and the record (shapes, checks, tiles). `copies(w13, w2)` gives
+    Marlin's copy of the experts (default: vLLM's repack, `moe_batch.Marlin`); `device`, `shapes` and `copies` exist for
+    the CPU test (Triton's interpreter, small shapes, `moe_marlin.from_experts`)."""
     import torch
     from benchmarks.kernels import moe_batch as mb
     from benchmarks.kernels.moe_decode import REAL, random_experts, routing
     from solar_open2.vllm.ops import moe_decode as md, moe_marlin as mm
-    E, K, I, H, k = (REAL[x] for x in ("E", "K", "I", "H", "topk"))
-    w13, w2 = random_experts(E, K, I, H, "cuda")
+    shp = dict(shapes or REAL)
+    E, K, I, H, k = (shp[x] for x in ("E", "K", "I", "H", "topk"))
+    w13, w2 = random_experts(E, K, I, H, device)
     w13 = mb.shared_global_scale(w13)
-    mar = mb.Marlin(w13, w2)
-    m13, m2 = mm.from_vllm(mar.w1, mar.s1, mar.g1, torch.bfloat16), mm.from_vllm(mar.w2, mar.s2, mar.g2, torch.bfloat16)
-    res = {"shapes": dict(REAL), "checks": [], "tiles": {}}
+    if copies is None:
+        mar = mb.Marlin(w13, w2)
+        m13, m2 = mm.from_vllm(mar.w1, mar.s1, mar.g1, torch.bfloat16), mm.from_vllm(mar.w2, mar.s2, mar.g2, torch.bfloat16)
+    else: m13, m2 = copies(w13, w2)
+    res = {"shapes": shp, "checks": [], "tiles": {}}
     calls = []
-    for M in a.tokens:
-        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-        ids, wts = routing(M, E, k, "cuda", seed=1000 * M)
+    for M in tokens:
+        x = torch.randn(M, K, device=device).to(torch.bfloat16)
+        ids, wts = routing(M, E, k, device, seed=1000 * M)
         ids = ids.to(torch.int32).contiguous()
         ref = md.moe_decode_torch(x, ids, wts, w13, w2)                                # [M, H] fp32
-        paths = (("raw", lambda: md.moe_decode_triton(x, ids, wts, w13, w2)),
-                 ("marlin", lambda: mm.moe_marlin_triton(x, ids, wts, m13, m2, mar.I)))
-        for name, fn in paths:
+        g, d = mm.MARLIN_TILES.nearest(M)
+        g2 = mm.MarlinTile(g.groups, g.k_tiles, g.num_warps, g.num_stages, half2=True)
+        every = {"raw": lambda x=x, ids=ids, wts=wts: md.moe_decode_triton(x, ids, wts, w13, w2),   # bound now: called after the loop
+                 "marlin": lambda x=x, ids=ids, wts=wts, g=g, d=d: mm.moe_marlin_triton(x, ids, wts, m13, m2, I, gate_up=g, down=d),
+                 "marlin_h2": lambda x=x, ids=ids, wts=wts, g=g2, d=d: mm.moe_marlin_triton(x, ids, wts, m13, m2, I, gate_up=g, down=d)}
+        one = [(p, every[p]) for p in paths]
+        for name, fn in one:
             res["checks"].append({"tokens": M, "path": name, **mb.check(fn(), ref)})
             fn()                                                                        # warm: compiled, autotuned
-        res["tiles"][str(M)] = {"raw": [repr(t) for t in md.TILES.nearest(M)], "marlin": [repr(t) for t in mm.MARLIN_TILES.nearest(M)]}
-        calls.append(paths)
+        res["tiles"][str(M)] = {"raw": [repr(t) for t in md.TILES.nearest(M)], "marlin": [repr(g), repr(d)], "marlin_h2": [repr(g2), repr(d)]}
+        calls.append(one)
+    return res, calls
+
+
+def child(a) -> int:
+    "Under ncu: `prepare` (checks, warm-up), then one call of each path per token count inside the profiled range."
+    import torch
+    res, calls = prepare(a.tokens, a.paths)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for paths in calls:
-        for _, fn in paths: fn()
+    for one in calls:
+        for _, fn in one: fn()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     Path(a.child_out).write_text(json.dumps(res, indent=1) + "\n")
@@ -147,7 +170,8 @@ def child(a) -> int:
 def gate(res: dict) -> bool:
     from benchmarks.kernels.moe_batch import CHECK_LIMIT
     return (bool(res["checks"]) and all(c["finite"] and c["rel_rms"] < CHECK_LIMIT for c in res["checks"])
-            and len(res["checks"]) == 2 * len(res["tokens"]) and bool(res.get("launches")) and not res.get("errors"))
+            and len(res["checks"]) == len(res.get("paths", PATHS[:2])) * len(res["tokens"]) and bool(res.get("launches"))
+            and not res.get("errors"))
 
 
 def main(argv=None) -> int:
@@ -155,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int_list, default=(1, 8), help="token counts (each <= 8: the decode kernels' range)")
     ap.add_argument("--out", type=Path, default=None, help="also write the results here (e.g. $OUT/moe-profile)")
     ap.add_argument("--ncu", default=None, help="the ncu binary (default: on PATH, else the CUDA toolkit's)")
+    ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
+                    help="what to profile (default all: the raw decode, the Marlin-layout decode, and the same with its gate/up in packed fp16)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -169,12 +195,12 @@ def main(argv=None) -> int:
     for d in outs: d.mkdir(parents=True, exist_ok=True)
     work = outs[-1]
     rep, raw_csv, child_json = work / "moe_profile.ncu-rep", work / "moe_profile_raw.csv", work / "moe_profile_child.json"
-    res = {**result_head("moe_profile", "cuda", ROOT), "ncu": ncu, "tokens": list(a.tokens), "gate_rule": GATE_RULE,
+    res = {**result_head("moe_profile", "cuda", ROOT), "ncu": ncu, "tokens": list(a.tokens), "paths": list(a.paths), "gate_rule": GATE_RULE,
            "checks": [], "errors": []}
     res["ncu_version"] = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
     cmd = [ncu, "--set", "full", "--profile-from-start", "off", "-k", KERNEL_FILTER, "-f", "-o", str(rep.with_suffix("")),
            sys.executable, "-m", "benchmarks.kernels.moe_profile", "--child", "--child-out", str(child_json),
-           "--tokens", ",".join(map(str, a.tokens))]
+           "--tokens", ",".join(map(str, a.tokens)), "--paths", *a.paths]
     res["ncu_command"] = " ".join(cmd)
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     (work / "moe_profile_ncu.log").write_text(r.stdout + r.stderr)
@@ -186,18 +212,18 @@ def main(argv=None) -> int:
         x = subprocess.run([ncu, "--import", str(rep), "--csv", "--page", "raw"], capture_output=True, text=True)
         raw_csv.write_text(x.stdout)
         try:
-            res["launches"] = label(parse_raw_csv(x.stdout), a.tokens)
+            res["launches"] = label(parse_raw_csv(x.stdout), a.tokens, a.paths)
             res["ratios"] = ratios(res["launches"])
         except ValueError as e: res["errors"].append(str(e))
     view = gated_view(res, gate, GATE_RULE, figures=FIGURES)
     for d in outs: (d / "moe_profile.json").write_text(json.dumps(view, indent=1) + "\n")
     for e in res["errors"]: print("ERROR", e[:600])
     for M, per in view.get("ratios", {}).items():
-        for k, q in per.items(): print(f"{M} tokens, {k}: Marlin layout / raw layout", q)
+        for k, q in per.items(): print(f"{M} tokens, {k} over the raw layout's:", q)
     for l in view.get("launches", []):
         m = l["metrics"]
         top = sorted(l["stalls"].items(), key=lambda kv: -kv[1])[:4]
-        print(f"{l['tokens']} {l['path']:6s} {l['role']:7s} grid {l['grid']} regs {m['registers']} occ {m['achieved_occupancy_pct']} "
+        print(f"{l['tokens']} {l['path']:9s} {l['role']:7s} grid {l['grid']} regs {m['registers']} occ {m['achieved_occupancy_pct']} "
               f"dram {m['dram_throughput_pct']}% sectors/req {m['sectors_per_request']} inst {m['instructions']} "
               f"cpi {m['cycles_per_issue']} stalls {top}")
     print("gate", view["gate"])

@@ -12,16 +12,17 @@ import triton                       # the kernels below; callers import this mod
 import triton.language as tl
 
 from ... import nvfp4
-from . import check_device
+from . import check_device, interpreting
 from .moe_decode import NVFP4Experts
-from .nvfp4_dot import quad
+from .nvfp4_dot import block_scale, quad, quad16
 from .tiles import H200, TileTable
 
 # %% auto #0
-__all__ = ['TILE_K', 'TILE_N', 'MARLIN_BIAS', 'MARLIN_TILES', 'CHECK_CASES', 'marlin_codes', 'plain_codes', 'scale_factor_for',
-           'scale_columns', 'marlin_scale_bytes', 'scale_values', 'MarlinNVFP4', 'from_experts', 'from_vllm',
-           'scale_of', 'marlin_words', 'marlin_tile_sums', 'marlin_finish', 'marlin_gate_up_kernel',
-           'marlin_down_kernel', 'MarlinTile', 'moe_marlin_triton', 'marlin_sass', 'self_check']
+__all__ = ['TILE_K', 'TILE_N', 'MARLIN_BIAS', 'MARLIN_H2_PTX', 'MARLIN_TILES', 'CHECK_CASES', 'HALF2_LIMIT', 'marlin_codes',
+           'plain_codes', 'scale_factor_for', 'scale_columns', 'marlin_scale_bytes', 'scale_values', 'MarlinNVFP4',
+           'from_experts', 'from_vllm', 'scale_of', 'marlin_words', 'marlin_words_h2', 'marlin_tile_sums_h2',
+           'marlin_act_kernel', 'marlin_tile_sums', 'marlin_finish', 'marlin_gate_up_kernel', 'marlin_down_kernel',
+           'MarlinTile', 'moe_marlin_triton', 'marlin_sass', 'self_check']
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #d400db1f
 TILE_K, TILE_N = 16, 64          # a Marlin tile: 16 inputs by 64 columns, 128 words
@@ -156,6 +157,82 @@ def marlin_words(w, xa, xb, xc, xd):
     p1 += lo * xc + hi * xd
     return p0, p1
 
+# One Marlin word, packed fp16: the nibble pairs (j, j + 4) into fp16x2 patterns (E2M1 · 2^-14, as `quad16`), two packed
+# FMAs a column with the activation pairs (x_2q, x_2q+1)·s and (x_2q+8, x_2q+9)·s; the two columns' lanes added as one
+# packed pair (n0's lanes, n1's lanes), then each sum to fp32: 5 instructions where two sums in fp32 took 6.
+_PAIR = "shl.b32 t, $2, {m}; and.b32 t, t, 0x0E000E00; shl.b32 u, $2, {s}; and.b32 u, u, 0x80008000; or.b32 a, t, u;"
+MARLIN_H2_PTX = tl.constexpr(
+    "{ .reg .b32 a, t, u, c0, c1; .reg .b16 l, h, l1, h1;\n"
+    + _PAIR.format(m=9, s=12) + " mul.rn.f16x2 c0, a, $3;\n"                    # nibbles 0, 4: inputs 2q, 2q+1 of n0
+    + _PAIR.format(m=5, s=8) + " fma.rn.f16x2 c0, a, $4, c0;\n"                 # nibbles 1, 5: 2q+8, 2q+9 of n0
+    + _PAIR.format(m=1, s=4) + " mul.rn.f16x2 c1, a, $3;\n"                     # nibbles 2, 6: 2q, 2q+1 of n1
+    + "shr.b32 t, $2, 3; and.b32 t, t, 0x0E000E00; and.b32 a, $2, 0x80008000; or.b32 a, a, t; fma.rn.f16x2 c1, a, $4, c1;\n"
+    + "mov.b32 {l, h}, c0; mov.b32 {l1, h1}, c1; mov.b32 a, {l, l1}; mov.b32 t, {h, h1}; add.rn.f16x2 a, a, t;\n"   # lanes
+    + "mov.b32 {l, h}, a; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }")
+
+@triton.jit
+def _half(X, HI:tl.constexpr):
+    "One fp16 half of packed uint32 pairs."
+    return (X >> (16 * HI)).to(tl.uint16).to(tl.float16, bitcast=True)
+
+@triton.jit
+def marlin_words_h2(w, XA, XC, ASM:tl.constexpr):
+    """`marlin_words` in packed fp16: words · their activation pairs `XA` = (x_2q, x_2q+1)·s, `XC` = (x_2q+8, x_2q+9)·s
+    (uint32, fp16 halves) -> fp32 partial sums of columns (n0, n0 + 8), · 2^-14 · s. Under the interpreter the same
+    patterns and fp16 lanes, multiply then add (the GPU fuses them), the lanes summed in fp16."""
+    if ASM:
+        p0, p1 = tl.inline_asm_elementwise(MARLIN_H2_PTX, "=f,=f,r,r,r", [w, XA, XC], dtype=(tl.float32, tl.float32),
+                                           is_pure=True, pack=1)
+    else:
+        lo, hi = quad16(w, 3)                                   # nibbles 0, 4
+        al, ah = lo * _half(XA, 0), hi * _half(XA, 1)
+        lo, hi = quad16(w, 2)                                   # nibbles 1, 5
+        al, ah = al + lo * _half(XC, 0), ah + hi * _half(XC, 1)
+        p0 = (al + ah).to(tl.float32)
+        lo, hi = quad16(w, 1)                                   # nibbles 2, 6
+        bl, bh = lo * _half(XA, 0), hi * _half(XA, 1)
+        lo, hi = quad16(w, 0)                                   # nibbles 3, 7
+        bl, bh = bl + lo * _half(XC, 0), bh + hi * _half(XC, 1)
+        p1 = (bl + bh).to(tl.float32)
+    return p0, p1
+
+@triton.jit
+def marlin_tile_sums_h2(wrow, srow, prow, vrow, rm, gm, col, sc, EVEN:tl.constexpr, ASM:tl.constexpr):
+    """`marlin_tile_sums` in packed fp16: `prow` [R, 1, 1, 1] points to a tile row's 8 activation pairs (int32: pair j
+    holds inputs 2j, 2j + 1 of the row, times the row's power of two s), `vrow` to its 1/s (fp32)."""
+    q = tl.arange(0, 4)[None, None, :, None]                                    # [1, 1, 4, 1]: word 4q + w of a group
+    w4 = tl.arange(0, 4)[None, None, None, :]
+    wp = wrow + col[None, :, None, None] + 4 * q + w4                           # [R, C, 4, 4]
+    sp = srow + sc[None, :, None, :]                                            # [R, C, 1, 4]: column n0 of each w
+    if EVEN:
+        XA = tl.load(prow + q).to(tl.uint32, bitcast=True)                      # [R, 1, 4, 1]: inputs 2q, 2q+1
+        XC = tl.load(prow + q + 4).to(tl.uint32, bitcast=True)                  # inputs 2q+8, 2q+9
+        inv = tl.load(vrow)                                                     # [R, 1, 1, 1]
+        w = tl.load(wp).to(tl.uint32, bitcast=True)
+        b0, b1 = tl.load(sp), tl.load(sp + 2)
+    else:
+        XA = tl.load(prow + q, mask=rm, other=0).to(tl.uint32, bitcast=True)
+        XC = tl.load(prow + q + 4, mask=rm, other=0).to(tl.uint32, bitcast=True)
+        inv = tl.load(vrow, mask=rm, other=0.0)
+        m = rm & gm[None, :, None, None]                                        # [R, C, 1, 1]
+        w = tl.load(wp, mask=m, other=0).to(tl.uint32, bitcast=True)
+        b0, b1 = tl.load(sp, mask=m, other=0), tl.load(sp + 2, mask=m, other=0)
+    p0, p1 = marlin_words_h2(w, XA, XC, ASM)
+    return p0 * (scale_of(b0.to(tl.int32)) * inv), p1 * (scale_of(b1.to(tl.int32)) * inv)
+
+@triton.jit
+def marlin_act_kernel(x_ptr, p_ptr, v_ptr, K, stride_xm, BLOCK_B:tl.constexpr):
+    """Grid (blocks of 16 inputs / BLOCK_B, tokens): each block's power of two s (`block_scale`: max |x·s| in
+    [2^14, 2^15)), x·s as fp16 into `p_ptr` [M, K] (read as int32 pairs by `marlin_tile_sums_h2`), 1/s into `v_ptr` [M, K/16]."""
+    b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)                      # [B] blocks of this program
+    m = tl.program_id(1)
+    bm = b < K // 16
+    i = 16 * b[:, None] + tl.arange(0, 16)[None, :]                             # [B, 16] inputs
+    x = tl.load(x_ptr + m * stride_xm + i, mask=bm[:, None], other=0.0).to(tl.float32)
+    s, inv = block_scale(tl.max(tl.abs(x), axis=1))                             # [B] each
+    tl.store(p_ptr + m * K + i, (x * s[:, None]).to(tl.float16), mask=bm[:, None])
+    tl.store(v_ptr + m * (K // 16) + b, inv, mask=bm)
+
 @triton.jit
 def marlin_tile_sums(wrow, srow, xrow, xk, XK, rm, gm, col, sc, WS:tl.constexpr=False, EVEN:tl.constexpr=False):
     """Rows of tile rows, each named by pointers `[R, 1, 1, 1]` to its first word, its scale bytes and its 16 inputs
@@ -207,12 +284,13 @@ def _groups(pid, NG, C:tl.constexpr):
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #da4ed90a
 @triton.jit
-def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, topk,
-                          stride_xm, stride_we, stride_se, stride_hm,
+def marlin_gate_up_kernel(x_ptr, v_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, topk,
+                          stride_xm, stride_vm, stride_we, stride_se, stride_hm,
                           C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, WS:tl.constexpr=False,
-                          EVEN:tl.constexpr=False):
+                          EVEN:tl.constexpr=False, H2:tl.constexpr=False, ASM:tl.constexpr=True):
     """One (group block, token-expert pair): h = silu(G x) ⊙ (U x) for C groups of 8 gate columns, from w13 in Marlin's
-    layout ([E, K/16, 4·IP] words: gate rows 0..IP-1, up rows IP..2·IP-1, each padded to IP; the first I are real)."""
+    layout ([E, K/16, 4·IP] words: gate rows 0..IP-1, up rows IP..2·IP-1, each padded to IP; the first I are real).
+    `H2`: packed fp16 (`marlin_tile_sums_h2`): `x_ptr` holds `marlin_act_kernel`'s pairs (int32 [M, K/2]), `v_ptr` its 1/s."""
     pid, pair = tl.program_id(0), tl.program_id(1)
     e = tl.load(ids_ptr + pair).to(tl.int64)
     gm, col, sc, n0 = _groups(pid, IP // 8, C)
@@ -224,13 +302,19 @@ def marlin_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, I, IP, 
     au1 = tl.zeros([BKT, C, 4, 4], dtype=tl.float32)
     for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
         kt = (k0 + tl.arange(0, BKT))[:, None, None, None]                      # [BKT, 1, 1, 1]: tile rows of this step
-        wr, sr, xr, rm = wb + kt * (4 * IP), sb + kt * (2 * IP), xb + kt * 16, kt < KT
-        a0, a1 = marlin_tile_sums(wr, sr, xr, kt * 16, K, rm, gm, col, sc, WS, EVEN)
+        wr, sr, rm = wb + kt * (4 * IP), sb + kt * (2 * IP), kt < KT
+        if H2:
+            pr, vr = xb + kt * 8, v_ptr + (pair // topk) * stride_vm + kt       # the row's 8 pairs, its 1/s (v_ptr: None unless H2)
+            a0, a1 = marlin_tile_sums_h2(wr, sr, pr, vr, rm, gm, col, sc, EVEN, ASM)
+            b0, b1 = marlin_tile_sums_h2(wr + 2 * IP, sr + IP, pr, vr, rm, gm, col, sc, EVEN, ASM)   # up: row n + IP
+        else:
+            xr = xb + kt * 16
+            a0, a1 = marlin_tile_sums(wr, sr, xr, kt * 16, K, rm, gm, col, sc, WS, EVEN)
+            b0, b1 = marlin_tile_sums(wr + 2 * IP, sr + IP, xr, kt * 16, K, rm, gm, col, sc, WS, EVEN)   # up: row n + IP
         ag0 += a0
         ag1 += a1
-        a0, a1 = marlin_tile_sums(wr + 2 * IP, sr + IP, xr, kt * 16, K, rm, gm, col, sc, WS, EVEN)   # up: row n + IP
-        au0 += a0
-        au1 += a1
+        au0 += b0
+        au1 += b1
     gs = tl.load(g_ptr + e) * 16384.0                                           # the expert's global scale, 2^14
     g0, u0 = marlin_finish(ag0) * gs, marlin_finish(au0) * gs                   # [C, 4]: columns n0
     g1, u1 = marlin_finish(ag1) * gs, marlin_finish(au1) * gs                   # columns n0 + 8
@@ -279,7 +363,9 @@ class MarlinTile:
     num_warps:int = 4
     num_stages:int = 2
     word_scales:bool = False      # the scale bytes loaded per word, not per column (`marlin_tile_sums`' `WS`)
+    half2:bool = False            # gate/up in packed fp16 (`marlin_tile_sums_h2`, the activations as pairs)
     def __post_init__(self):
+        if self.half2 and self.word_scales: raise ValueError("MarlinTile: half2 loads the scale bytes per column; word_scales does not apply")
         for f in ("groups", "k_tiles", "num_warps"):
             v = getattr(self, f)
             if v < 1 or v & (v - 1): raise ValueError(f"MarlinTile.{f} must be a power of two, got {v}")
@@ -316,6 +402,7 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         raise ValueError(f"out must be [{M}, {H}] with unit column stride, got {list(out.shape)} strides {out.stride()}")
     g, d = MARLIN_TILES.nearest(M)
     g, d = gate_up or g, down or d
+    if d.half2: raise ValueError(f"down tile {d}: half2 is a gate/up form (down's inputs are h, fp32)")
     check_device(x, "moe_marlin_triton")
     x = x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()                                 # [M, k] -> pairs m·k + j
@@ -326,10 +413,17 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     KP = triton.next_power_of_2(k)
     even_g = K % (16 * g.k_tiles) == 0 and (IP // 8) % g.groups == 0                       # no tile row or group out of range
     even_d = IP % (16 * d.k_tiles) == 0 and (H // 8) % d.groups == 0 and I == IP and KP == k   # and no padded input or expert row
+    xa, iv = x, None
+    if g.half2:                                                                 # the activations as scaled fp16 pairs, once
+        xs = torch.empty(M, K, dtype=torch.float16, device=x.device)
+        iv = torch.empty(M, K // 16, dtype=torch.float32, device=x.device)
+        marlin_act_kernel[(cdiv(K // 16, 64), M)](x, xs, iv, K, x.stride(0), BLOCK_B=64)
+        xa = xs.view(torch.int32)                                               # [M, K/2]: pair j = inputs 2j, 2j+1
     marlin_gate_up_kernel[(cdiv(IP // 8, g.groups), M * k)](
-        x, ids, w13.words, w13.scale, w13.global_scale, h, K, I, IP, k,
-        x.stride(0), w13.words.stride(0), w13.scale.stride(0), h.stride(0),
-        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, WS=g.word_scales, EVEN=even_g, num_warps=g.num_warps)
+        xa, iv, ids, w13.words, w13.scale, w13.global_scale, h, K, I, IP, k,
+        xa.stride(0), 0 if iv is None else iv.stride(0), w13.words.stride(0), w13.scale.stride(0), h.stride(0),
+        C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, WS=g.word_scales, EVEN=even_g, H2=g.half2,
+        ASM=not interpreting(), num_warps=g.num_warps)
     marlin_down_kernel[(cdiv(H // 8, d.groups), M)](
         h, ids, wts, w2.words, w2.scale, w2.global_scale, out, I, IP, H, k,
         h.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
@@ -347,8 +441,10 @@ def marlin_sass(kernel:str="gate_up", tile:MarlinTile=MarlinTile(1, 32, 4, 3), t
     KP = triton.next_power_of_2(topk)
     consts = dict(C=tile.groups, BKT=tile.k_tiles, NUM_STAGES=tile.num_stages, WS=tile.word_scales, EVEN=even)
     if kernel == "gate_up":
-        fn, sig = marlin_gate_up_kernel, dict(x_ptr="*bf16", ids_ptr="*i32", w_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", h_ptr="*fp32",
-                   K="i32", I="i32", IP="i32", topk="i32", stride_xm="i32", stride_we="i32", stride_se="i32", stride_hm="i32")
+        consts.update(H2=tile.half2, ASM=True)
+        fn, sig = marlin_gate_up_kernel, dict(x_ptr="*i32" if tile.half2 else "*bf16", v_ptr="*fp32", ids_ptr="*i32", w_ptr="*i32",
+                   s_ptr="*u8", g_ptr="*fp32", h_ptr="*fp32", K="i32", I="i32", IP="i32", topk="i32", stride_xm="i32",
+                   stride_vm="i32", stride_we="i32", stride_se="i32", stride_hm="i32")
         rows = 2 * tile.k_tiles                                                # gate and up tile rows in one iteration
     else:
         fn, sig = marlin_down_kernel, dict(h_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32", w_ptr="*i32", s_ptr="*u8", g_ptr="*fp32",
@@ -374,7 +470,11 @@ CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile: MarlinTile's fie
     (4, 128, 64, 128, 2, 4, (2, 4, 4, 2), (2, 2, 4, 2)),      # every shape even: nothing masked (K, I, H, k fit the tiles)
     (4, 128, 64, 128, 3, 2, (1, 8, 4, 2, True), (4, 4, 4, 1, True)),
     (3, 64, 160, 192, 2, 2, (16, 8, 4, 1), (16, 8, 4, 1)),    # nothing even: a step past the last tile row, a group block past the last group
+    (4, 64, 96, 192, 3, 3, (2, 2, 4, 2, False, True), (4, 8, 4, 2)),   # gate/up in packed fp16 (half2), masked
+    (4, 128, 64, 128, 2, 4, (2, 4, 4, 2, False, True), (2, 2, 4, 2)),  # half2, every shape even
+    (3, 64, 160, 192, 2, 2, (16, 8, 4, 1, False, True), (16, 8, 4, 1)),   # half2, nothing even
 )
+HALF2_LIMIT = 2e-3    # relative RMS of the half2 cases: fp16 products and pairs of sums (the others: fp32, < 1e-5)
 
 def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, broken:bool=False)->list:
     "Relative RMS of `moe_marlin_triton` against `moe_decode_torch` per case (`broken`: a wrong layout)."
@@ -398,5 +498,5 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, broken:bool=Fals
         to = lambda t: MarlinNVFP4(t.words.to(device), t.scale.to(device), t.global_scale.to(device))
         got = moe_marlin_triton(x.to(device), ids.to(device), wts.to(device), to(m13), to(m2), I,
                                 gate_up=MarlinTile(*tg), down=MarlinTile(*td))
-        out.append({"case": [E, K, I, H, M, k], "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
+        out.append({"case": [E, K, I, H, M, k], "half2": MarlinTile(*tg).half2, "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
     return out
