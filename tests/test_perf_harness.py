@@ -1117,3 +1117,41 @@ def test_an_ngram_run_serves_vllms_prompt_lookup_and_reports_what_each_verify_st
     assert prun.spec_counters(plain, None) is None
     for bad in (["--ngram", "0"], ["--ngram", "17"], ["--ngram", "3", "--draft-head", "3"], ["--prompt-period", "-1"]):
         with pytest.raises(SystemExit): ph.parse_args(["--config", "tiny", *bad])
+
+
+def test_prefill_flops_by_family_sum_to_the_prefill_ceiling():
+    "figures.prefill_flops_by_family: the routed experts, the other weights, attention and KDA add up to prefill_flops_per_token."
+    cfg = SolarOpen2Config.real()
+    for tp, ctx in ((1, 8192), (2, 8192), (2, 32768)):
+        f = ph.prefill_flops_by_family(cfg, tp, ctx)
+        assert math.isclose(sum(f.values()), ph.prefill_flops_per_token(cfg, tp, ctx), rel_tol=1e-12)
+        assert f["dense_gemm"] > 0 and f["attention"] > 0 and f["kda"] > 0
+        assert f["moe"] * tp == 2 * cfg.num_experts_per_tok * 3 * cfg.hidden_size * cfg.moe_intermediate_size * cfg.num_hidden_layers
+    assert ph.prefill_flops_by_family(cfg, 2, 32768)["attention"] == 4 * ph.prefill_flops_by_family(cfg, 2, 8192)["attention"]
+
+
+def test_a_prefill_profile_gives_each_family_its_fraction_of_the_compute_ceiling():
+    "run.prefill_profile_summary: per family, the FLOPs of the prompt at the peak against the kernels' time; chunks and completeness."
+    cfg = SolarOpen2Config.real()
+    s = ph.summarize_trace(_trace(4))
+    out = prun.prefill_profile_summary(s, cfg, 2, 8192, 2048, peak=1e15)
+    fam = {r["family"]: r for r in out["families"]}
+    moe = ph.prefill_flops_by_family(cfg, 2, 8192)["moe"] * 8192
+    assert math.isclose(fam["moe"]["ceiling_us"], round(1e6 * moe / 1e15, 1)) and math.isclose(fam["moe"]["flops"], moe)
+    assert math.isclose(fam["moe"]["fraction_of_ceiling"], round(fam["moe"]["ceiling_us"] / fam["moe"]["us"], 4), rel_tol=1e-3)
+    assert fam["allreduce"]["fraction_of_ceiling"] is None and fam["allreduce"]["flops"] == 0.0     # no FLOPs to ask of it
+    assert out["chunks_expected"] == 4 and out["complete"] is True
+    assert prun.prefill_profile_summary(s, cfg, 2, 32768, 2048)["complete"] is False              # 16 chunks, 4 steps traced
+
+
+def test_a_phase_profiles_a_prefill_against_a_fake_engine(tmp_path, isolated_env):
+    "--profile-prefill: one profiled prefill per prefill context, after a request of exactly the profiler's delay in steps."
+    rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "profile", "--profile-prefill", "--variant", "pp"], "perf_h200_graphs_pp")
+    assert rc == 0 and r["status"] == "complete" and r["errors"] == [], r.get("errors")
+    p = r["prefill_profiles"]["8192"]
+    assert p["context"] == 8192 and p["trace_file"].startswith("dp0_pp0_tp0_") and p["fraction_of_ceiling"] > 0
+    assert {f["family"] for f in p["families"]} >= {"dense_gemm", "moe", "kda"}
+    asked = FakeLLM.last.llm_engine.asked
+    assert asked[next(k for k in asked if k.startswith("pfw"))] == (8, prun.PROFILE_DELAY_STEPS)
+    assert asked[next(k for k in asked if k.startswith("pfp8192"))] == (8192, 1)
+    assert [t["what"] for t in r["timeline"][1:]] == ["warmup", "profile", "profile_prefill_ctx8192"]

@@ -273,3 +273,20 @@ def test_checks_script_moe_rank_runs_issue_28s_ab_the_perf_parser_accepts(tmp_pa
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "moe-rank"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "moe-rank times or profiles kernels" in r.stderr
+
+
+def test_checks_script_prefill_profile_runs_issue_33s_profile_the_perf_parser_accepts(tmp_path):
+    """checks.sh prefill-profile (issue 33): the rank config, graphs, prefill at 8K and 32K timed and profiled once each;
+    its flags parse in perf's own parser; refused TOGETHER."""
+    from benchmarks.engine import perf as ph
+    site, log = fake_site(tmp_path, args=True)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "540", "PREFILL_PROFILE_ARGS": "--prefill-repeats 1"}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "prefill-profile"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "== prefill-profile: exit 0" in r.stdout, r.stderr
+    a = ph.parse_args(log.read_text().splitlines()[2:])
+    assert (a.config, a.phase, a.only, a.prefill_contexts, a.profile_prefill, a.prefill_repeats, a.deadline_s) == (
+        "rank", "graphs", ("prefill", "profile"), [8192, 32768], True, 1, 540)
+    assert a.profile_steps >= -(-32768 // a.max_num_batched_tokens)             # the trace holds every chunk of the 32K prompt
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "prefill-profile"], capture_output=True, text=True,
+                       env={**env, "TOGETHER": "1"})
+    assert r.returncode == 2 and "prefill-profile times or profiles kernels" in r.stderr

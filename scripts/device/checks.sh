@@ -44,6 +44,9 @@
 #                 (benchmarks.engine.perf --phase ab): no MoE flag (today Marlin alone), Marlin with the plugin's decode
 #                 kernels over its copy (--moe-marlin-kernels) and the emulation backend (--moe-backend emulation), into
 #                 $OUT/moe-rank/ (MOE_RANK_ARGS: more perf options; about 150 s an engine on a warm machine)
+#   prefill-profile  issue 33: one TP2 rank of the real model (needs an H200), CUDA graphs, prefill at 8K and 32K timed
+#                 and each profiled once (benchmarks.engine.perf --profile-prefill: time by kernel family against the
+#                 compute ceiling, prefill_profiles in the JSON), into $OUT/prefill-profile/ (PREFILL_PROFILE_ARGS: more)
 #   moe-profile   Nsight Compute on the raw-layout and the Marlin-layout decode kernels at 1 and 8 tokens (issue 28;
 #                 benchmarks.kernels.moe_profile: ncu --set full, each path checked against fp32 first; about a minute; never
 #                 TOGETHER; MOE_PROFILE_ARGS: more, e.g. "--tokens 1,2,4,8")
@@ -71,7 +74,7 @@ TINY_MEM=(); KV_MEM=(); DYN_MEM=()
 if [ "$TOGETHER" = 1 ]; then
   TINY_MEM=(--gpu-memory-utilization 0.08 --kv-cache-memory-bytes 2147483648); KV_MEM=(--gpu-memory-utilization 0.74)
   DYN_MEM=(--gpu-memory-utilization 0.08)                              # its engines have a fixed pool already
-  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch|moe-profile) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
+  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch|moe-profile|prefill-profile) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
 fi
 
 job() {
@@ -137,6 +140,9 @@ run_one() {
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
         --ab "base=" --ab "ngram3=--ngram ${SPEC_E2E_K:-3}" --ab "ngram3_full=--ngram ${SPEC_E2E_K:-3} --spec-full-graphs" ;;
+    prefill-profile) read -r -a PP_EXTRA <<< "${PREFILL_PROFILE_ARGS:-}"
+          job "$j" python3 -m benchmarks.engine.perf --config rank --phase graphs --only prefill,profile --prefill-contexts 8192,32768 \
+            --profile-prefill --keep-trace --variant prefill_profile --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${PP_EXTRA[@]}" ;;
     moe-profile) read -r -a PROF_EXTRA <<< "${MOE_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.kernels.moe_profile --out "$OUT/$j" "${PROF_EXTRA[@]}" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"
@@ -145,7 +151,7 @@ run_one() {
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank moe-profile "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank moe-profile prefill-profile "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done

@@ -145,6 +145,9 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--ab", action="append", metavar="NAME=FLAGS", help="--phase ab: one variant (repeat; the first is the baseline)")
     ap.add_argument("--profile", action="store_true", help="torch-profile a few decode steps (summary only in the JSON)")
     ap.add_argument("--profile-steps", type=int, default=8)
+    ap.add_argument("--profile-prefill", action="store_true", help="torch-profile one prefill at each --prefill-contexts: "
+                    "time by kernel family against the compute ceiling (prefill_profiles in the JSON; --profile-steps must "
+                    "cover the prompt's chunks)")
     ap.add_argument("--keep-trace", action="store_true", help="also copy rank 0's trace (.json.gz, if < 15 MiB) to $OUT")
     ap.add_argument("--smi-interval-ms", type=int, default=500, help="nvidia-smi memory sampling period (peak memory "
                     "per GPU); 0 turns it off (an A/B for host-side stalls in the decode window)")

@@ -109,6 +109,18 @@ def prefill_flops_per_token(cfg:SolarOpen2Config, tp:int, context:int)->float:
     kda = len(cfg.kda_layers) * H * (2 * 2 * 64 * D + 6 * D * D)
     return (dense + attn + kda) / tp
 
+def prefill_flops_by_family(cfg:SolarOpen2Config, tp:int, context:int)->dict:
+    """`prefill_flops_per_token` by the profile's kernel families (`trace.KERNEL_FAMILIES`): the routed experts (`moe`),
+    every other weight (`dense_gemm`: projections, shared expert, router; norms are a rounding error), the GQA layers'
+    attention over context/2 (`attention`) and the KDA chunk algorithm (`kda`). Sums to `prefill_flops_per_token`."""
+    c = cfg.count_params(by_group=True)
+    moe = 2 * c["routed_expert"] * cfg.num_experts_per_tok // cfg.n_routed_experts
+    dense = 2 * (cfg.active_params() - cfg.vocab_size * cfg.hidden_size)
+    attn = len(cfg.full_attention_layers) * 2 * 2 * cfg.num_attention_heads * cfg.head_dim * context / 2
+    H, D = cfg.kda_num_heads, cfg.kda_head_dim
+    kda = len(cfg.kda_layers) * H * (2 * 2 * 64 * D + 6 * D * D)
+    return {"moe": moe / tp, "dense_gemm": (dense - moe) / tp, "attention": attn / tp, "kda": kda / tp}
+
 def prefill_roofline(cfg:SolarOpen2Config, tp:int, context:int, flops:float=H200_BF16_FLOPS)->dict:
     "Compute ceiling of prefill (this script's estimate; the budget chapter models decode only)."
     f = prefill_flops_per_token(cfg, tp, context)

@@ -10,8 +10,9 @@ from solar_open2.config import SolarOpen2Config
 from benchmarks.common import ROOT
 from benchmarks.engine.perf.cli import CONFIG_NOTES, OPTIONS_KEY, PHASES, PLUGIN_KEYS, model_config, kv_prediction, run_name, strip_flags
 from benchmarks.engine.perf.enginelog import compare_kv, parse_engine_log
-from benchmarks.engine.perf.figures import (batch_stats, decode_roofline, first_token_sanity, output_sanity, predicted_step_us,
-                                            prefill_roofline, sanity_passed, single_stream_stats, with_roofline)
+from benchmarks.engine.perf.figures import (H200_BF16_FLOPS, batch_stats, decode_roofline, first_token_sanity, output_sanity,
+                                            predicted_step_us, prefill_flops_by_family, prefill_roofline, sanity_passed,
+                                            single_stream_stats, with_roofline)
 from benchmarks.engine.perf.results import new_result, out_paths, read_ab_runs, run_merge, versions, write_ab, write_result
 from benchmarks.engine.perf.trace import compare_profile, find_traces, load_trace, summarize_trace
 
@@ -373,13 +374,17 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
     def profile():
         res["profile"] = run_profile(a, llm, cfg, vocab, next(seed))
 
+    def profile_prefill(ctx):
+        res.setdefault("prefill_profiles", {})[str(ctx)] = run_prefill_profile(a, llm, cfg, vocab, next(seed), ctx)
+
     plan = [("warmup", 60, warmup, ())]
     plan += [(f"decode_bs1_ctx{c}", 60 if c > 8192 else 40, decode, (c,)) for c in a.decode_contexts]
     plan += [(f"decode_bs1_ctx{a.decode_contexts[0]}_nosmi", 40, decode_nosmi, (a.decode_contexts[0],))] if a.smi_ab else []
     plan += [(f"prefill_ctx{c}", (20 + 10 * a.prefill_repeats) * (c / 32768 + 0.5), prefill, (c,)) for c in a.prefill_contexts]
     plan += [(f"decode_bs{b}", 45, batch, (b,)) for b in a.batch_sizes]
     plan += [("profile", 90, profile, ())] if a.profile else []
-    kind = lambda label: "profile" if label == "profile" else "decode" if label.startswith("decode_bs1_") else \
+    plan += [(f"profile_prefill_ctx{c}", 60 * (c / 32768 + 1), profile_prefill, (c,)) for c in a.prefill_contexts] if a.profile_prefill else []
+    kind = lambda label: "profile" if label.startswith("profile") else "decode" if label.startswith("decode_bs1_") else \
         "prefill" if label.startswith("prefill") else "batch" if label.startswith("decode_bs") else "warmup"
     if a.only: plan = [x for x in plan if kind(x[0]) in a.only + ("warmup",)]
     for label, need, fn, args in plan:
@@ -422,6 +427,49 @@ def run_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int)->dict:
         shutil.copy(traces[0], Path(a.out) / f"{run_name(a.config, a._phase, a.variant)}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
     return s
 
+def new_traces(d:Path, since:float, n:int, wait_s:int=60)->list:
+    "The trace files in `d` written after `since` (rank 0 first), waiting up to `wait_s` for `n` of them (rank 1 may still be writing)."
+    fresh = []
+    for _ in range(wait_s):
+        fresh = [f for f in find_traces(d) if f.stat().st_mtime >= since] if d.exists() else []
+        if len(fresh) >= n: break
+        time.sleep(1)
+    return fresh
+
+def prefill_profile_summary(s:dict, cfg:SolarOpen2Config, tp:int, ctx:int, chunk:int, peak:float=H200_BF16_FLOPS)->dict:
+    """A prefill trace's summary (`summarize_trace`) against the compute ceiling, per kernel family: each family's FLOPs
+    for `ctx` prompt tokens (`prefill_flops_by_family`), the time they need at `peak`, and the fraction of the kernels'
+    time that is (`fraction_of_ceiling`); the whole prefill's likewise over the GPU's busy time."""
+    flops = {k: v * ctx for k, v in prefill_flops_by_family(cfg, tp, ctx).items()}
+    fams = []
+    for f in s["families"]:
+        need = 1e6 * flops.get(f["family"], 0.0) / peak
+        fams.append({**f, "flops": flops.get(f["family"], 0.0), "ceiling_us": round(need, 1),
+                     "fraction_of_ceiling": round(need / f["us"], 4) if f["us"] and need else None})
+    need = 1e6 * sum(flops.values()) / peak
+    return {**s, "families": fams, "context": ctx, "chunks_expected": -(-ctx // chunk), "flops": sum(flops.values()),
+            "ceiling_us": round(need, 1), "fraction_of_ceiling": round(need / s["gpu_busy_us"], 4) if s["gpu_busy_us"] else None,
+            "complete": s["steps"] is not None and s["steps"] >= -(-ctx // chunk)}
+
+def run_prefill_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int, ctx:int)->dict:
+    """Profile one prefill of `ctx` tokens (max_tokens=1): where its time goes by kernel family against the compute
+    ceiling (`prefill_profile_summary`). The engine's profiler skips its first `PROFILE_DELAY_STEPS` worker steps (set
+    for the decode profile), so a short request of exactly that many steps runs first; `complete` says whether the
+    trace holds every chunk of the prompt (`--profile-steps` must be at least the chunks)."""
+    d = Path(a._profile_dir)
+    t = time.perf_counter(); since = time.time() - 1
+    llm.start_profile()
+    run_requests(llm.llm_engine, [token_prompt(8, vocab, seed)], PROFILE_DELAY_STEPS, "pfw")   # one prefill, two decodes
+    run_requests(llm.llm_engine, [token_prompt(ctx, vocab, seed + 1)], 1, f"pfp{ctx}")
+    llm.stop_profile()
+    traces = new_traces(d, since, a.tp)
+    if not traces: return {"error": f"no new trace files in {d}", "context": ctx, "seconds": round(time.perf_counter() - t, 1)}
+    s = prefill_profile_summary(summarize_trace(load_trace(traces[0])), cfg, a.tp, ctx, a.max_num_batched_tokens)
+    s.update(trace_file=traces[0].name, trace_bytes=traces[0].stat().st_size, seconds=round(time.perf_counter() - t, 1))
+    if a.keep_trace and a.out and traces[0].stat().st_size < 15 * 2**20:
+        shutil.copy(traces[0], Path(a.out) / f"{run_name(a.config, a._phase, a.variant)}_prefill{ctx}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
+    return s
+
 def run_phase(a, phase:str, argv:list)->int:
     "One engine, every measurement, one JSON. Returns the exit code."
     t0 = time.perf_counter()
@@ -462,7 +510,7 @@ def run_phase(a, phase:str, argv:list)->int:
             res["versions"] = versions()
             from vllm import LLM
             model_dir = write_model_dir(a.config, model_dir_for(a))
-            a._profile_dir = str(work / "profile") if a.profile else None
+            a._profile_dir = str(work / "profile") if a.profile or a.profile_prefill else None
             kw = engine_kwargs(a, model_dir, phase, a._profile_dir)
             res["engine"] = {"kwargs": {k: v for k, v in kw.items() if k != "model"}}
             print(f"[perf_h200] {name}: starting the engine", flush=True)
