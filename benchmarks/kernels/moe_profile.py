@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse, csv, glob, io, json, os, re, shutil, subprocess, sys
 from pathlib import Path
 
-from benchmarks.common import INCOMING, ROOT, gated_view, int_list, result_head
+from benchmarks.common import INCOMING, ROOT, gated_view, int_list, json_writer, result_head
 
 PATHS = ("raw", "marlin", "marlin_h2")   # the raw decode, the decode over Marlin's layout, the same with gate/up in packed fp16
 KERNEL_OF = {("raw", "gate_up"): "moe_gate_up_kernel", ("raw", "down"): "moe_down_kernel"}
@@ -215,8 +215,8 @@ def main(argv=None) -> int:
             res["launches"] = label(parse_raw_csv(x.stdout), a.tokens, a.paths)
             res["ratios"] = ratios(res["launches"])
         except ValueError as e: res["errors"].append(str(e))
-    view = gated_view(res, gate, GATE_RULE, figures=FIGURES)
-    for d in outs: (d / "moe_profile.json").write_text(json.dumps(view, indent=1) + "\n")
+    json_writer(res, [d / "moe_profile.json" for d in outs], gate, GATE_RULE, figures=FIGURES)()
+    view = gated_view(res, gate, GATE_RULE, figures=FIGURES)                    # what the files hold
     for e in res["errors"]: print("ERROR", e[:600])
     for M, per in view.get("ratios", {}).items():
         for k, q in per.items(): print(f"{M} tokens, {k} over the raw layout's:", q)
