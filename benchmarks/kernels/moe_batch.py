@@ -45,9 +45,11 @@ _G0, _D0 = (1, 64, 4, 2), (2, 4, 4, 2)    # one side held while the other varies
 MARLIN_TILES = (tuple((g, _D0) for g in ((1, 32, 4, 2), (1, 64, 4, 2), (1, 64, 8, 2), (1, 128, 8, 2), (2, 32, 4, 2), (1, 64, 4, 3),
                                           (2, 16, 4, 2), (1, 32, 4, 3)))
                 + tuple((_G0, d) for d in ((1, 8, 4, 2), (2, 8, 4, 2), (4, 4, 4, 2), (4, 8, 8, 2), (2, 4, 4, 3), (8, 4, 8, 2), (1, 4, 4, 2)))
-                # gate/up in packed fp16 (a fifth field 4: `MarlinTile.half2`), down held; the word-scale form (3) lost at
-                # every count on 2026-12-07 (moe_batch_h100_even.json) and is no longer swept
-                + tuple((g + (4,), _D0) for g in ((1, 64, 4, 2), (2, 16, 4, 2), (1, 32, 4, 2), (2, 32, 4, 2), (1, 32, 4, 3), (4, 16, 4, 2))))
+                # packed fp16 (a fifth field 4: `MarlinTile.half2`): gate/up with down held, then both; the word-scale form
+                # (3) lost at every count on 2026-12-07 (moe_batch_h100_even.json) and is no longer swept
+                + tuple((g + (4,), _D0) for g in ((1, 64, 4, 2), (2, 16, 4, 2), (1, 32, 4, 2), (2, 32, 4, 2), (1, 32, 4, 3), (4, 16, 4, 2)))
+                + tuple((g + (4,), d + (4,)) for g, d in (((1, 64, 4, 2), (1, 8, 4, 2)), ((1, 64, 4, 2), (2, 8, 4, 2)),
+                                                          ((2, 16, 4, 2), (2, 4, 4, 2)), ((1, 32, 4, 2), (4, 4, 4, 2)))))
 
 def marlin_tile(t:tuple):
     """A `MarlinTile` from (groups, k_tiles, warps, stages[, form]): form 2 (or none) the broadcast loop, 3 the same with
@@ -275,16 +277,15 @@ def main(argv=None)->int:
     ap.add_argument("--tiles", type=tile_list, default=TILES, help="BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES,... for the grouped kernel")
     ap.add_argument("--marlin-tiles", type=lambda v: tuple(tuple(tuple(int(n) for n in t.split("x")) for t in pair.split("/"))
                                                            for pair in v.split(",")), default=MARLIN_TILES,
-                    help="GxKTxWARPSxSTAGES[xFORM]/...,... gate_up/down tiles of the Marlin-layout decode kernels (FORM 2 or none: scales per column, 3: per word, 4: gate_up in packed fp16)")
+                    help="GxKTxWARPSxSTAGES[xFORM]/...,... gate_up/down tiles of the Marlin-layout decode kernels (FORM 2 or none: scales per column, 3: per word, 4: packed fp16)")
     ap.add_argument("--rotations", type=int, default=4, help="routings per graph (other experts on each call)")
     add_run_args(ap, reps=20, deadline_s=240.0)
     a = ap.parse_args(argv)
     bad = [t for t in a.tiles if len(t) != 5]
     if bad: ap.error(f"--tiles: each tile is BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES (5 numbers), got {bad}")
-    bad = [p for p in a.marlin_tiles if len(p) != 2 or any(len(t) not in (4, 5) or len(t) == 5 and t[4] not in (2, 3, 4) for t in p)
-           or len(p[1]) == 5 and p[1][4] == 4]
+    bad = [p for p in a.marlin_tiles if len(p) != 2 or any(len(t) not in (4, 5) or len(t) == 5 and t[4] not in (2, 3, 4) for t in p)]
     if bad: ap.error(f"--marlin-tiles: each entry is GxKTxWARPSxSTAGES[xFORM]/GxKTxWARPSxSTAGES[xFORM] (gate_up/down, FORM 2, 3 "
-                     f"or 4; 4, half2, for gate_up only), got {bad}")
+                     f"or 4), got {bad}")
     outs = result_paths("moe_batch", a.results_dir, a.out)
     if outs is None: return 2
     res = gated_view(run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, marlin_tiles=a.marlin_tiles),

@@ -10,8 +10,9 @@ layout). For each token count, one launch of each kernel of both paths: the raw-
 `moe_decode_triton` with its `TILES`) and the decode over Marlin's layout (chapter `moe_marlin`, `moe_marlin_triton`
 with its `MARLIN_TILES`). The script runs itself under `ncu --set full --profile-from-start off` (the child, `--child`,
 compiles and warms every kernel outside the profiled range, then profiles one call of each path per token count) and
-reads the report back as raw CSV. `--paths` adds (by default) the Marlin-layout decode with its gate/up in packed fp16
-(`MarlinTile.half2`, not yet in `MARLIN_TILES`): its activation kernel is not profiled, its gate/up and down are.
+reads the report back as raw CSV. `--paths` adds (by default) the Marlin-layout decode in packed fp16
+(`MarlinTile.half2` for both kernels, not yet in `MARLIN_TILES`): its two activation launches are not profiled, its
+gate/up and down are.
 
 Gate: before anything is profiled, each path's output on the token count's tokens is within `moe_batch.CHECK_LIMIT`
 relative RMS of the plain fp32 version and finite, and the report holds exactly the expected launches (two kernels a
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from benchmarks.common import INCOMING, ROOT, gated_view, int_list, json_writer, result_head
 
-PATHS = ("raw", "marlin", "marlin_h2")   # the raw decode, the decode over Marlin's layout, the same with gate/up in packed fp16
+PATHS = ("raw", "marlin", "marlin_h2")   # the raw decode, the decode over Marlin's layout, the same in packed fp16
 KERNEL_OF = {("raw", "gate_up"): "moe_gate_up_kernel", ("raw", "down"): "moe_down_kernel"}
 KERNEL_OF.update({(p, k): f"marlin_{k}_kernel" for p in PATHS[1:] for k in ("gate_up", "down")})
 
@@ -140,15 +141,15 @@ def prepare(tokens, paths, device: str = "cuda", shapes: dict | None = None, cop
         ids = ids.to(torch.int32).contiguous()
         ref = md.moe_decode_torch(x, ids, wts, w13, w2)                                # [M, H] fp32
         g, d = mm.MARLIN_TILES.nearest(M)
-        g2 = mm.MarlinTile(g.groups, g.k_tiles, g.num_warps, g.num_stages, half2=True)
+        g2, d2 = (mm.MarlinTile(t.groups, t.k_tiles, t.num_warps, t.num_stages, half2=True) for t in (g, d))
         every = {"raw": lambda x=x, ids=ids, wts=wts: md.moe_decode_triton(x, ids, wts, w13, w2),   # bound now: called after the loop
                  "marlin": lambda x=x, ids=ids, wts=wts, g=g, d=d: mm.moe_marlin_triton(x, ids, wts, m13, m2, I, gate_up=g, down=d),
-                 "marlin_h2": lambda x=x, ids=ids, wts=wts, g=g2, d=d: mm.moe_marlin_triton(x, ids, wts, m13, m2, I, gate_up=g, down=d)}
+                 "marlin_h2": lambda x=x, ids=ids, wts=wts, g=g2, d=d2: mm.moe_marlin_triton(x, ids, wts, m13, m2, I, gate_up=g, down=d)}
         one = [(p, every[p]) for p in paths]
         for name, fn in one:
             res["checks"].append({"tokens": M, "path": name, **mb.check(fn(), ref)})
             fn()                                                                        # warm: compiled, autotuned
-        res["tiles"][str(M)] = {"raw": [repr(t) for t in md.TILES.nearest(M)], "marlin": [repr(g), repr(d)], "marlin_h2": [repr(g2), repr(d)]}
+        res["tiles"][str(M)] = {"raw": [repr(t) for t in md.TILES.nearest(M)], "marlin": [repr(g), repr(d)], "marlin_h2": [repr(g2), repr(d2)]}
         calls.append(one)
     return res, calls
 
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the results here (e.g. $OUT/moe-profile)")
     ap.add_argument("--ncu", default=None, help="the ncu binary (default: on PATH, else the CUDA toolkit's)")
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
-                    help="what to profile (default all: the raw decode, the Marlin-layout decode, and the same with its gate/up in packed fp16)")
+                    help="what to profile (default all: the raw decode, the Marlin-layout decode, and the same in packed fp16)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -221,17 +221,18 @@ def marlin_tile_sums_h2(wrow, srow, prow, vrow, rm, gm, col, sc, EVEN:tl.constex
     return p0 * (scale_of(b0.to(tl.int32)) * inv), p1 * (scale_of(b1.to(tl.int32)) * inv)
 
 @triton.jit
-def marlin_act_kernel(x_ptr, p_ptr, v_ptr, K, stride_xm, BLOCK_B:tl.constexpr):
-    """Grid (blocks of 16 inputs / BLOCK_B, tokens): each block's power of two s (`block_scale`: max |x·s| in
-    [2^14, 2^15)), x·s as fp16 into `p_ptr` [M, K] (read as int32 pairs by `marlin_tile_sums_h2`), 1/s into `v_ptr` [M, K/16]."""
+def marlin_act_kernel(x_ptr, p_ptr, v_ptr, K, KP, stride_xm, BLOCK_B:tl.constexpr):
+    """Grid (blocks of 16 inputs / BLOCK_B, rows): each block's power of two s (`block_scale`: max |x·s| in [2^14,
+    2^15)), x·s as fp16 into `p_ptr` [M, KP] (read as int32 pairs by `marlin_tile_sums_h2`), 1/s into `v_ptr` [M, KP/16];
+    the row's first K inputs are real, the rest (down's padding of I to IP) written as zeros."""
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)                      # [B] blocks of this program
     m = tl.program_id(1)
-    bm = b < K // 16
+    bm = b < KP // 16
     i = 16 * b[:, None] + tl.arange(0, 16)[None, :]                             # [B, 16] inputs
-    x = tl.load(x_ptr + m * stride_xm + i, mask=bm[:, None], other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + m * stride_xm + i, mask=bm[:, None] & (i < K), other=0.0).to(tl.float32)
     s, inv = block_scale(tl.max(tl.abs(x), axis=1))                             # [B] each
-    tl.store(p_ptr + m * K + i, (x * s[:, None]).to(tl.float16), mask=bm[:, None])
-    tl.store(v_ptr + m * (K // 16) + b, inv, mask=bm)
+    tl.store(p_ptr + m * KP + i, (x * s[:, None]).to(tl.float16), mask=bm[:, None])
+    tl.store(v_ptr + m * (KP // 16) + b, inv, mask=bm)
 
 @triton.jit
 def marlin_tile_sums(wrow, srow, xrow, xk, XK, rm, gm, col, sc, WS:tl.constexpr=False, EVEN:tl.constexpr=False):
@@ -323,13 +324,14 @@ def marlin_gate_up_kernel(x_ptr, v_ptr, ids_ptr, w_ptr, s_ptr, g_ptr, h_ptr, K, 
     tl.store(hp + n0 + 8, g1 / (1.0 + tl.exp(-g1)) * u1, mask=gm[:, None] & (n0 + 8 < I))
 
 @triton.jit
-def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, IP, H, topk,
-                       stride_hm, stride_we, stride_se, stride_om,
+def marlin_down_kernel(h_ptr, v_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, IP, H, topk,
+                       stride_hm, stride_vm, stride_we, stride_se, stride_om,
                        C:tl.constexpr, BKT:tl.constexpr, NUM_STAGES:tl.constexpr, KP:tl.constexpr, WS:tl.constexpr=False,
-                       EVEN:tl.constexpr=False):
+                       EVEN:tl.constexpr=False, H2:tl.constexpr=False, ASM:tl.constexpr=True):
     """One (group block, token): out = Σ_j w_j · D[e_j] h_j for C groups of 8 outputs, from w2 in Marlin's layout
     ([E, IP/16, 2H]), the token's experts at once: row r of a step is expert j = r // BKT (`KP`: k rounded up to a power
-    of two), tile row r % BKT."""
+    of two), tile row r % BKT. `H2`: packed fp16: `h_ptr` holds `marlin_act_kernel`'s pairs of h (int32 [M·k, IP/2],
+    zeros past I), `v_ptr` their 1/s."""
     pid, m = tl.program_id(0), tl.program_id(1)
     gm, col, sc, n0 = _groups(pid, H // 8, C)
     KT = IP // 16
@@ -344,8 +346,12 @@ def marlin_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, g_ptr, o_ptr, I, I
     a1 = tl.zeros([KP * BKT, C, 4, 4], dtype=tl.float32)                       # column n0 + 8
     for k0 in tl.range(0, KT, BKT, num_stages=NUM_STAGES):
         kt = (k0 + r % BKT)[:, None, None, None]                                # [R, 1, 1, 1]
-        p0, p1 = marlin_tile_sums(wb + kt * (2 * H), sb + kt * H, hb + kt * 16, kt * 16, I,
-                                  jm[:, None, None, None] & (kt < KT), gm, col, sc, WS, EVEN)
+        rm = jm[:, None, None, None] & (kt < KT)
+        if H2:
+            vr = (v_ptr + pr * stride_vm)[:, None, None, None] + kt             # the row's 1/s (v_ptr: None unless H2)
+            p0, p1 = marlin_tile_sums_h2(wb + kt * (2 * H), sb + kt * H, hb + kt * 8, vr, rm, gm, col, sc, EVEN, ASM)
+        else:
+            p0, p1 = marlin_tile_sums(wb + kt * (2 * H), sb + kt * H, hb + kt * 16, kt * 16, I, rm, gm, col, sc, WS, EVEN)
         a0 += p0
         a1 += p1
     f = (tl.load(wts_ptr + pr, mask=jm, other=0.0) * tl.load(g_ptr + e, mask=jm, other=0.0) * 16384.0)[:, None, None, None]
@@ -363,7 +369,7 @@ class MarlinTile:
     num_warps:int = 4
     num_stages:int = 2
     word_scales:bool = False      # the scale bytes loaded per word, not per column (`marlin_tile_sums`' `WS`)
-    half2:bool = False            # gate/up in packed fp16 (`marlin_tile_sums_h2`, the activations as pairs)
+    half2:bool = False            # packed fp16 (`marlin_tile_sums_h2`): the inputs (x, or down's h) as scaled fp16 pairs
     def __post_init__(self):
         if self.half2 and self.word_scales: raise ValueError("MarlinTile: half2 loads the scale bytes per column; word_scales does not apply")
         for f in ("groups", "k_tiles", "num_warps"):
@@ -402,7 +408,6 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
         raise ValueError(f"out must be [{M}, {H}] with unit column stride, got {list(out.shape)} strides {out.stride()}")
     g, d = MARLIN_TILES.nearest(M)
     g, d = gate_up or g, down or d
-    if d.half2: raise ValueError(f"down tile {d}: half2 is a gate/up form (down's inputs are h, fp32)")
     check_device(x, "moe_marlin_triton")
     x = x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()                                 # [M, k] -> pairs m·k + j
@@ -417,17 +422,24 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     if g.half2:                                                                 # the activations as scaled fp16 pairs, once
         xs = torch.empty(M, K, dtype=torch.float16, device=x.device)
         iv = torch.empty(M, K // 16, dtype=torch.float32, device=x.device)
-        marlin_act_kernel[(cdiv(K // 16, 64), M)](x, xs, iv, K, x.stride(0), BLOCK_B=64)
+        marlin_act_kernel[(cdiv(K // 16, 64), M)](x, xs, iv, K, K, x.stride(0), BLOCK_B=64)
         xa = xs.view(torch.int32)                                               # [M, K/2]: pair j = inputs 2j, 2j+1
     marlin_gate_up_kernel[(cdiv(IP // 8, g.groups), M * k)](
         xa, iv, ids, w13.words, w13.scale, w13.global_scale, h, K, I, IP, k,
         xa.stride(0), 0 if iv is None else iv.stride(0), w13.words.stride(0), w13.scale.stride(0), h.stride(0),
         C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, WS=g.word_scales, EVEN=even_g, H2=g.half2,
         ASM=not interpreting(), num_warps=g.num_warps)
+    ha, hv = h, None
+    if d.half2:                                                                 # h as scaled fp16 pairs, padded to IP
+        hs = torch.empty(M * k, IP, dtype=torch.float16, device=x.device)
+        hv = torch.empty(M * k, IP // 16, dtype=torch.float32, device=x.device)
+        marlin_act_kernel[(cdiv(IP // 16, 64), M * k)](h, hs, hv, I, IP, h.stride(0), BLOCK_B=64)
+        ha = hs.view(torch.int32)                                               # [M·k, IP/2]
     marlin_down_kernel[(cdiv(H // 8, d.groups), M)](
-        h, ids, wts, w2.words, w2.scale, w2.global_scale, out, I, IP, H, k,
-        h.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
-        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, KP=KP, WS=d.word_scales, EVEN=even_d, num_warps=d.num_warps)
+        ha, hv, ids, wts, w2.words, w2.scale, w2.global_scale, out, I, IP, H, k,
+        ha.stride(0), 0 if hv is None else hv.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
+        C=d.groups, BKT=d.k_tiles, NUM_STAGES=d.num_stages, KP=KP, WS=d.word_scales, EVEN=even_d, H2=d.half2,
+        ASM=not interpreting(), num_warps=d.num_warps)
     return out
 
 # %% ../../../nbs/08_ops/09_moe_marlin.ipynb #5a1c0d22
@@ -447,9 +459,10 @@ def marlin_sass(kernel:str="gate_up", tile:MarlinTile=MarlinTile(1, 32, 4, 3), t
                    stride_vm="i32", stride_we="i32", stride_se="i32", stride_hm="i32")
         rows = 2 * tile.k_tiles                                                # gate and up tile rows in one iteration
     else:
-        fn, sig = marlin_down_kernel, dict(h_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32", w_ptr="*i32", s_ptr="*u8", g_ptr="*fp32",
-                   o_ptr="*bf16", I="i32", IP="i32", H="i32", topk="i32", stride_hm="i32", stride_we="i32", stride_se="i32", stride_om="i32")
-        consts["KP"] = KP
+        fn, sig = marlin_down_kernel, dict(h_ptr="*i32" if tile.half2 else "*fp32", v_ptr="*fp32", ids_ptr="*i32", wts_ptr="*fp32",
+                   w_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", o_ptr="*bf16", I="i32", IP="i32", H="i32", topk="i32",
+                   stride_hm="i32", stride_vm="i32", stride_we="i32", stride_se="i32", stride_om="i32")
+        consts.update(KP=KP, H2=tile.half2, ASM=True)
         rows = tile.k_tiles * KP                                               # the token's experts in one tensor
     div = tuple(a for a in sig if a != "topk")                                 # multiples of 16 at the real shapes, as for sass_loop
     sig.update({k: "constexpr" for k in consts})
@@ -473,6 +486,9 @@ CHECK_CASES = (   # (E, K, I, H, M, k, gate_up tile, down tile: MarlinTile's fie
     (4, 64, 96, 192, 3, 3, (2, 2, 4, 2, False, True), (4, 8, 4, 2)),   # gate/up in packed fp16 (half2), masked
     (4, 128, 64, 128, 2, 4, (2, 4, 4, 2, False, True), (2, 2, 4, 2)),  # half2, every shape even
     (3, 64, 160, 192, 2, 2, (16, 8, 4, 1, False, True), (16, 8, 4, 1)),   # half2, nothing even
+    (4, 64, 96, 192, 3, 3, (2, 2, 4, 2, False, True), (4, 8, 4, 2, False, True)),   # down in packed fp16 too: I = 96 padded to 128
+    (4, 128, 64, 128, 2, 4, (2, 4, 4, 2, False, True), (2, 2, 4, 2, False, True)),  # both, every shape even
+    (5, 256, 48, 64, 1, 5, (1, 8, 2, 1), (8, 2, 4, 3, False, True)),    # down alone, k = 5: three rows of experts masked
 )
 HALF2_LIMIT = 2e-3    # relative RMS of the half2 cases: fp16 products and pairs of sums (the others: fp32, < 1e-5)
 
@@ -498,5 +514,6 @@ def self_check(cases=CHECK_CASES, device:str="cpu", seed:int=0, broken:bool=Fals
         to = lambda t: MarlinNVFP4(t.words.to(device), t.scale.to(device), t.global_scale.to(device))
         got = moe_marlin_triton(x.to(device), ids.to(device), wts.to(device), to(m13), to(m2), I,
                                 gate_up=MarlinTile(*tg), down=MarlinTile(*td))
-        out.append({"case": [E, K, I, H, M, k], "half2": MarlinTile(*tg).half2, "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
+        out.append({"case": [E, K, I, H, M, k], "half2": MarlinTile(*tg).half2 or MarlinTile(*td).half2,
+                    "rel_rms": nvfp4.relative_rms(got.cpu(), ref)})
     return out
