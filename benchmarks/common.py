@@ -166,20 +166,22 @@ def run_logged(cmd:list, log:Path, timeout_s:float, env:dict|None=None, cwd:Path
     every Python process in it (the child, vLLM's engine core and workers) with `PYTHONFAULTHANDLER` set (this function
     sets it) prints where each of its threads stood; after `grace_s` SIGKILL to what is left; a last line says so, and
     the status is 124, as `timeout`'s."""
-    import signal
+    import contextlib, signal
     env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try: return p.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired: pass
-        for sig, wait in ((signal.SIGABRT, grace_s), (signal.SIGKILL, 30.0)):
-            try: os.killpg(p.pid, sig)
-            except ProcessLookupError: break
-            try: p.wait(timeout=wait)
-            except subprocess.TimeoutExpired: continue
-            if sig == signal.SIGABRT:                                   # the child is gone; its group may not be
-                try: os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError: pass
-            break
+        with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired): p.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)   # what is left of the group
+        p.wait()
         f.write(f"\n[run_logged: no exit after {timeout_s:.0f} s; process group {p.pid} sent SIGABRT (tracebacks above), then SIGKILL]\n")
     return 124
+
+def child_timeout(deadline_s:float, elapsed_s:float, grace_s:float=60.0)->float:
+    """Seconds one engine of a GPU check may run (`run_logged`'s limit): what is left of the check's deadline, plus
+    `grace_s` for an engine started just before it (none starts after it); at least `grace_s`. A caller's own time limit
+    must allow `deadline_s + grace_s` and the reference's minute after it, or it kills the driver first (on 2026-12-07 a
+    520 s limit over `--deadline-s 480` lost two finished speculative runs with a hung third)."""
+    return max(grace_s, deadline_s - elapsed_s + grace_s)

@@ -55,7 +55,7 @@ and the workers. The JSON records which.
 import argparse, importlib.metadata, json, os, platform, sys, tempfile, time
 from pathlib import Path
 
-from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, run_logged, source_digest
+from benchmarks.common import INCOMING, ROOT, child_timeout, command_line, git_commit, git_dirty, run_logged, source_digest
 
 MODULE = "benchmarks.engine.parity"     # each engine runs in a child process of this module
 FORMATS = ("compressed-tensors", "bf16")
@@ -447,6 +447,11 @@ def judge_run(key: str, r: dict, a) -> list:
                                + (f" (first divergences {[div[i]['first_divergence'] for i in bad]}, not bf16 near-ties)" if div else "")]
 
 
+def unjudged(failures: list) -> list:
+    "The failure lines no re-judgement can revisit: a run that failed, was not run, or split no graphs (no comparison stored)."
+    return [f for f in failures if "vLLM run failed" in f or "not run" in f or "splitting ops" in f]
+
+
 MERGE_SAME = ("git_commit", "source_sha256", "gpu", "versions", "weights", "slice_layers", "slice_rank", "long_prompts",
               "moe_backend", "additional_config", "gemv_probe", "tokens", "tie_nats")   # what two halves of one run must share
 
@@ -476,8 +481,7 @@ def merge(a) -> int:
             if key in rep["runs"]: print(f"gpu_parity --merge: case {key} is in more than one report ({f.name})", file=sys.stderr); return 2
             rep["runs"][key] = run
         rep["checkpoint_s"].update(r.get("checkpoint_s") or {})
-    kept = [x for r in reps for x in r.get("failures", [])
-            if ("vLLM run failed" in x or "not run" in x or "splitting ops" in x) and x.split(": ")[0] not in rep["runs"]]
+    kept = [x for r in reps for x in unjudged(r.get("failures", [])) if x.split(": ")[0] not in rep["runs"]]
     for key in list(rep["runs"]):
         fmt, mode, dtype = key.split(":")
         other = f"{fmt}:graphs:{dtype}"
@@ -488,7 +492,9 @@ def merge(a) -> int:
                            "cases": sorted(k for k in r.get("runs", {}) if not k.endswith(":eager_vs_graphs"))} for f, r in zip(files, reps)]
     rep["command"] = command_line()
     rep["wall_s"] = round(sum(r.get("wall_s") or 0 for r in reps), 1)
-    return _judge_and_write(rep, a, kept)
+    rc = _judge_and_write(rep, a, kept)
+    print(json.dumps({"passed": rep["passed"], "failures": rep["failures"]}, indent=1))
+    return rc
 
 
 def _judge_and_write(rep: dict, a, fails: list) -> int:
@@ -513,7 +519,7 @@ def rejudge(a) -> int:
     rep = json.loads(Path(a.rejudge).read_text())
     rep["rejudged_from"] = {"file": Path(a.rejudge).name, "failures_at_run": rep.get("failures", []),
                             "thresholds_at_run": {k: rep.get(k) for k in ("logprob_tol", "logprob_mean_tol", "noise_factor", "tie_nats", "min_recall", "min_facts", "behaviour_drop")}}
-    rc = _judge_and_write(rep, a, [f for f in rep.get("failures", []) if "vLLM run failed" in f or "not run" in f or "splitting ops" in f])
+    rc = _judge_and_write(rep, a, unjudged(rep.get("failures", [])))
     print(json.dumps({"passed": rep["passed"], "failures": rep["failures"], "failures_at_run": rep["rejudged_from"]["failures_at_run"]}, indent=1))
     return rc
 
@@ -574,10 +580,7 @@ def main(argv: list | None = None) -> int:
     if a.slice_rank and not a.slice: ap.error("--slice-rank: needs --slice N (it says which slice to cut)")
     if a.child_model: return child_main(a)
     if a.rejudge: return rejudge(a)
-    if a.merge:
-        rc = merge(a)
-        if rc != 2: print(json.dumps({k: v for k, v in json.loads((Path(a.out) / f"{a.name}.json").read_text()).items() if k in ("passed", "failures")}, indent=1))
-        return rc
+    if a.merge: return merge(a)
     cases = []
     for c in a.cases or (SLICE_CASES if a.slice else DEFAULT_CASES):
         fmt, mode, dtype = (c.split(":") + ["bfloat16"])[:3]
@@ -634,7 +637,7 @@ def main(argv: list | None = None) -> int:
                         + ["--moe-backend", a.moe_backend, "--weights", a.weights, "--slice", str(a.slice)]
                         + (["--slice-rank"] if a.slice_rank else [])
                         + (["--long"] if a.long else []) + (["--traps"] if a.traps else []),
-                        logf, max(60, a.deadline_s - (time.time() - t_start) + 60), env, ROOT)
+                        logf, child_timeout(a.deadline_s, time.time() - t_start), env, ROOT)
         if rc != 0:
             report["failures"].append(f"{case}: vLLM run failed (rc {rc}): {logf.read_text(errors='replace')[-800:]}")
             continue

@@ -31,10 +31,10 @@ process as in the parity script (installed entry point, or a throw-away dist-inf
 and one log per engine to --out (default $OUT, else benchmarks/results/incoming/); exits 1 if any check fails.
 """
 import argparse, json, os, platform, sys, tempfile, time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from benchmarks.common import INCOMING, ROOT, command_line, git_commit, git_dirty, run_logged, source_digest
+from benchmarks.common import INCOMING, ROOT, child_timeout, command_line, git_commit, git_dirty, run_logged, source_digest
 from benchmarks.engine.parity import BF16_TIE_ULPS, ENV, entry_point_shim, load_reference, plugin_entry_point, prompts_for
 
 MODULE = "benchmarks.engine.spec"
@@ -316,14 +316,6 @@ def child_command(a, ck: Path, mode: str, outf: Path, spec: dict | None, cg: str
             + (["--child-spec", json.dumps(spec)] if spec else []) + (["--child-cudagraph-mode", cg] if cg else []))
 
 
-def child_timeout(deadline_s: float, elapsed_s: float, grace_s: float = 60.0) -> float:
-    """Seconds one engine may run: what is left of `--deadline-s`, plus `grace_s` for a run that started just before it
-    (an engine is not started after the deadline); at least `grace_s`. A caller's own time limit must allow
-    `deadline_s + grace_s` and the reference's minute after it, or it kills the driver first (on 2026-12-07 a 520 s
-    limit over `--deadline-s 480` lost two finished runs with the third; each run's record is now written as it ends)."""
-    return max(grace_s, deadline_s - elapsed_s + grace_s)
-
-
 def child_env(a, paths: list) -> dict:
     "The children's environment: this one, parity's `ENV`, `paths` first on PYTHONPATH, and the probe's variable with `--norm-probe`."
     return {**os.environ, **ENV, **({NORM_PROBE_ENV: "1"} if a.norm_probe else {}),
@@ -397,9 +389,11 @@ def main(argv: list | None = None) -> int:
     base, rest = [r for r in runs if r[2] == "base"], [r for r in runs if r[2] != "base"]
     partial = Path(a.out) / f"{a.name}.json"
     with ThreadPoolExecutor(max(1, a.lanes)) as ex:                  # baselines first: a cold machine autotunes once per dtype
-        for key, res in ex.map(one, base + rest):
+        for fut in as_completed([ex.submit(one, r) for r in base + rest]):
+            key, res = fut.result()
             report["runs"][key] = res                                 # each run in the file as it ends: a later kill loses no finished run
             partial.write_text(json.dumps({**report, "partial": True, "passed": False}, indent=1) + "\n")
+    report["runs"] = {f"{r[0]}:{r[1]}:{r[2]}": report["runs"][f"{r[0]}:{r[1]}:{r[2]}"] for r in base + rest}   # the plan's order
     add_reference(report, work, a.formats, a.weights, a.tie_nats, "cuda")
     report["tie_nats"] = a.tie_nats
     report["failures"] = judge(report)

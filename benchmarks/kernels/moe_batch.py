@@ -17,7 +17,7 @@ of its timings counts:
 - `grouped` with a tile `BMxBNxBKxWARPSxSTAGES`: the same kernel, gate and up in one launch (one global scale per
   expert, as Marlin needs too), the tile's block sizes, warps and stages;
 - `decode`: the plugin's batch-1 kernels (`moe_decode_triton`, chapter 08_ops/moe_decode), up to 8 tokens;
-- `marlin_decode` with a tile pair `GxKTxWARPSxSTAGES[xFORM]/GxKTxWARPSxSTAGES[xFORM]` (gate_up/down; FORM 3: scale bytes loaded per word): the batch-1 kernels that read
+- `marlin_decode` with a tile pair `GxKTxWARPSxSTAGES[xFORM]/GxKTxWARPSxSTAGES[xFORM]` (gate_up/down; FORM one of `FORMS`): the batch-1 kernels that read
   Marlin's copy (`moe_marlin_triton`, chapter 08_ops/moe_marlin), up to 8 tokens, over the very tensors vLLM's
   `prepare_nvfp4_moe_layer_for_marlin` wrote (`from_vllm`): its check holds the chapter's layout to vLLM's repack.
 
@@ -51,12 +51,13 @@ MARLIN_TILES = (tuple((g, _D0) for g in ((1, 32, 4, 2), (1, 64, 4, 2), (1, 64, 8
                 + tuple((g + (4,), d + (4,)) for g, d in (((1, 64, 4, 2), (1, 8, 4, 2)), ((1, 64, 4, 2), (2, 8, 4, 2)),
                                                           ((2, 16, 4, 2), (2, 4, 4, 2)), ((1, 32, 4, 2), (4, 4, 4, 2)))))
 
+FORMS = {2: "the broadcast loop, scales per column (also no fifth field)", 3: "scale bytes per word (word_scales)",
+         4: "packed fp16 (half2)"}   # the results of 2026-12-07 also record 0 and 1, forms since removed
+
 def marlin_tile(t:tuple):
-    """A `MarlinTile` from (groups, k_tiles, warps, stages[, form]): form 2 (or none) the broadcast loop, 3 the same with
-    the scale bytes loaded per word (`word_scales`), 4 gate/up in packed fp16 (`half2`); the results of 2026-12-07 record
-    0 and 1, forms since removed (refused)."""
+    "A `MarlinTile` from (groups, k_tiles, warps, stages[, form]), the form one of `FORMS`."
     from solar_open2.vllm.ops.moe_marlin import MarlinTile
-    if len(t) == 5 and t[4] not in (2, 3, 4): raise ValueError(f"a Marlin tile's fifth field is its form, 2, 3 or 4 (0, 1: removed forms), got {t}")
+    if len(t) == 5 and t[4] not in FORMS: raise ValueError(f"a Marlin tile's fifth field is its form, one of {sorted(FORMS)} (0, 1: removed forms), got {t}")
     form = t[4] if len(t) == 5 else 2
     return MarlinTile(*t[:4], word_scales=form == 3, half2=form == 4)
 
@@ -277,15 +278,19 @@ def main(argv=None)->int:
     ap.add_argument("--tiles", type=tile_list, default=TILES, help="BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES,... for the grouped kernel")
     ap.add_argument("--marlin-tiles", type=lambda v: tuple(tuple(tuple(int(n) for n in t.split("x")) for t in pair.split("/"))
                                                            for pair in v.split(",")), default=MARLIN_TILES,
-                    help="GxKTxWARPSxSTAGES[xFORM]/...,... gate_up/down tiles of the Marlin-layout decode kernels (FORM 2 or none: scales per column, 3: per word, 4: packed fp16)")
+                    help=f"GxKTxWARPSxSTAGES[xFORM]/...,... gate_up/down tiles of the Marlin-layout decode kernels (FORM {FORMS})")
     ap.add_argument("--rotations", type=int, default=4, help="routings per graph (other experts on each call)")
     add_run_args(ap, reps=20, deadline_s=240.0)
     a = ap.parse_args(argv)
     bad = [t for t in a.tiles if len(t) != 5]
     if bad: ap.error(f"--tiles: each tile is BLOCK_MxBLOCK_NxBLOCK_KxWARPSxSTAGES (5 numbers), got {bad}")
-    bad = [p for p in a.marlin_tiles if len(p) != 2 or any(len(t) not in (4, 5) or len(t) == 5 and t[4] not in (2, 3, 4) for t in p)]
-    if bad: ap.error(f"--marlin-tiles: each entry is GxKTxWARPSxSTAGES[xFORM]/GxKTxWARPSxSTAGES[xFORM] (gate_up/down, FORM 2, 3 "
-                     f"or 4), got {bad}")
+    def bad_pair(p):
+        if len(p) != 2 or any(len(t) not in (4, 5) for t in p): return True
+        try: [marlin_tile(t) for t in p]
+        except ValueError: return True
+        return False
+    bad = [p for p in a.marlin_tiles if bad_pair(p)]
+    if bad: ap.error(f"--marlin-tiles: each entry is GxKTxWARPSxSTAGES[xFORM]/GxKTxWARPSxSTAGES[xFORM] (gate_up/down; FORM {FORMS}), got {bad}")
     outs = result_paths("moe_batch", a.results_dir, a.out)
     if outs is None: return 2
     res = gated_view(run(a.tokens, a.tiles, a.reps, a.deadline_s, outs, rotations=a.rotations, marlin_tiles=a.marlin_tiles),

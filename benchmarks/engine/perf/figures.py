@@ -103,16 +103,12 @@ def decode_roofline(cfg:SolarOpen2Config, tp:int, context:float, batch:int=1, ba
 def prefill_flops_per_token(cfg:SolarOpen2Config, tp:int, context:int)->float:
     """FLOPs per prompt token per rank: 2 x active weights (lm_head only on the last token: left out), causal
     attention over an average context/2 in the GQA layers, and the KDA chunk algorithm (chunk 64) in the KDA layers."""
-    dense = 2 * (cfg.active_params() - cfg.vocab_size * cfg.hidden_size)
-    attn = len(cfg.full_attention_layers) * 2 * 2 * cfg.num_attention_heads * cfg.head_dim * context / 2
-    H, D = cfg.kda_num_heads, cfg.kda_head_dim
-    kda = len(cfg.kda_layers) * H * (2 * 2 * 64 * D + 6 * D * D)
-    return (dense + attn + kda) / tp
+    return sum(prefill_flops_by_family(cfg, tp, context).values())
 
 def prefill_flops_by_family(cfg:SolarOpen2Config, tp:int, context:int)->dict:
     """`prefill_flops_per_token` by the profile's kernel families (`trace.KERNEL_FAMILIES`): the routed experts (`moe`),
     every other weight (`dense_gemm`: projections, shared expert, router; norms are a rounding error), the GQA layers'
-    attention over context/2 (`attention`) and the KDA chunk algorithm (`kda`). Sums to `prefill_flops_per_token`."""
+    attention over context/2 (`attention`) and the KDA chunk algorithm (`kda`); `prefill_flops_per_token` is their sum."""
     c = cfg.count_params(by_group=True)
     moe = 2 * c["routed_expert"] * cfg.num_experts_per_tok // cfg.n_routed_experts
     dense = 2 * (cfg.active_params() - cfg.vocab_size * cfg.hidden_size)

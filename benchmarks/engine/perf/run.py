@@ -404,15 +404,11 @@ def run_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int)->dict:
     "Profile `--profile-steps` decode steps of one stream at the first decode context; summary of rank 0's trace."
     d = Path(a._profile_dir)
     ctx = a.decode_contexts[0]
-    t = time.perf_counter()
+    t = time.perf_counter(); since = time.time() - 1
     llm.start_profile()
     run_requests(llm.llm_engine, [token_prompt(ctx, vocab, seed)], PROFILE_DELAY_STEPS + a.profile_steps + 8, "prof")
     llm.stop_profile()
-    traces = []
-    for _ in range(60):                                              # rank 1 may still be writing
-        traces = find_traces(d)
-        if len(traces) >= a.tp: break
-        time.sleep(1)
+    traces = new_traces(d, since, a.tp)
     if not traces: return {"error": f"no trace files in {d}", "seconds": time.perf_counter() - t}
     trace = load_trace(traces[0])
     s = summarize_trace(trace)                                       # steps counted from vLLM's step annotations
@@ -423,9 +419,13 @@ def run_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int)->dict:
     pred = predicted_step_us(cfg, a.tp, ctx)
     s["predicted_us_per_step"] = {k: round(v, 1) for k, v in pred.items()}
     s["vs_prediction"] = compare_profile(s, pred)
-    if a.keep_trace and a.out and traces[0].stat().st_size < 15 * 2**20:
-        shutil.copy(traces[0], Path(a.out) / f"{run_name(a.config, a._phase, a.variant)}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
+    keep_trace(a, traces[0])
     return s
+
+def keep_trace(a, trace:Path, label:str="")->None:
+    "With --keep-trace and --out: copy rank 0's trace there as <run>_<label>trace_rank0.json.gz (if under 15 MiB)."
+    if a.keep_trace and a.out and trace.stat().st_size < 15 * 2**20:
+        shutil.copy(trace, Path(a.out) / f"{run_name(a.config, a._phase, a.variant)}_{label}trace_rank0{''.join(trace.suffixes[-2:])}")
 
 def new_traces(d:Path, since:float, n:int, wait_s:int=60)->list:
     "The trace files in `d` written after `since` (rank 0 first), waiting up to `wait_s` for `n` of them (rank 1 may still be writing)."
@@ -441,15 +441,16 @@ def prefill_profile_summary(s:dict, cfg:SolarOpen2Config, tp:int, ctx:int, chunk
     for `ctx` prompt tokens (`prefill_flops_by_family`), the time they need at `peak`, and the fraction of the kernels'
     time that is (`fraction_of_ceiling`); the whole prefill's likewise over the GPU's busy time."""
     flops = {k: v * ctx for k, v in prefill_flops_by_family(cfg, tp, ctx).items()}
+    chunks = -(-ctx // chunk)
     fams = []
     for f in s["families"]:
         need = 1e6 * flops.get(f["family"], 0.0) / peak
         fams.append({**f, "flops": flops.get(f["family"], 0.0), "ceiling_us": round(need, 1),
                      "fraction_of_ceiling": round(need / f["us"], 4) if f["us"] and need else None})
     need = 1e6 * sum(flops.values()) / peak
-    return {**s, "families": fams, "context": ctx, "chunks_expected": -(-ctx // chunk), "flops": sum(flops.values()),
+    return {**s, "families": fams, "context": ctx, "chunks_expected": chunks, "flops": sum(flops.values()),
             "ceiling_us": round(need, 1), "fraction_of_ceiling": round(need / s["gpu_busy_us"], 4) if s["gpu_busy_us"] else None,
-            "complete": s["steps"] is not None and s["steps"] >= -(-ctx // chunk)}
+            "complete": s["steps"] is not None and s["steps"] >= chunks}
 
 def run_prefill_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int, ctx:int)->dict:
     """Profile one prefill of `ctx` tokens (max_tokens=1): where its time goes by kernel family against the compute
@@ -466,8 +467,7 @@ def run_prefill_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int, ctx:i
     if not traces: return {"error": f"no new trace files in {d}", "context": ctx, "seconds": round(time.perf_counter() - t, 1)}
     s = prefill_profile_summary(summarize_trace(load_trace(traces[0])), cfg, a.tp, ctx, a.max_num_batched_tokens)
     s.update(trace_file=traces[0].name, trace_bytes=traces[0].stat().st_size, seconds=round(time.perf_counter() - t, 1))
-    if a.keep_trace and a.out and traces[0].stat().st_size < 15 * 2**20:
-        shutil.copy(traces[0], Path(a.out) / f"{run_name(a.config, a._phase, a.variant)}_prefill{ctx}_trace_rank0{''.join(traces[0].suffixes[-2:])}")
+    keep_trace(a, traces[0], f"prefill{ctx}_")
     return s
 
 def run_phase(a, phase:str, argv:list)->int:

@@ -14,7 +14,7 @@ import triton.language as tl
 from ... import nvfp4
 from . import check_device, interpreting
 from .moe_decode import NVFP4Experts
-from .nvfp4_dot import block_scale, quad, quad16
+from .nvfp4_dot import _h, _lanes, block_scale, quad, quad16
 from .tiles import H200, TileTable
 
 # %% auto #0
@@ -171,11 +171,6 @@ MARLIN_H2_PTX = tl.constexpr(
     + "mov.b32 {l, h}, a; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }")
 
 @triton.jit
-def _half(X, HI:tl.constexpr):
-    "One fp16 half of packed uint32 pairs."
-    return (X >> (16 * HI)).to(tl.uint16).to(tl.float16, bitcast=True)
-
-@triton.jit
 def marlin_words_h2(w, XA, XC, ASM:tl.constexpr):
     """`marlin_words` in packed fp16: words · their activation pairs `XA` = (x_2q, x_2q+1)·s, `XC` = (x_2q+8, x_2q+9)·s
     (uint32, fp16 halves) -> fp32 partial sums of columns (n0, n0 + 8), · 2^-14 · s. Under the interpreter the same
@@ -183,16 +178,12 @@ def marlin_words_h2(w, XA, XC, ASM:tl.constexpr):
     if ASM:
         p0, p1 = tl.inline_asm_elementwise(MARLIN_H2_PTX, "=f,=f,r,r,r", [w, XA, XC], dtype=(tl.float32, tl.float32),
                                            is_pure=True, pack=1)
-    else:
+    else:                                                       # chapter nvfp4_dot's emulated lanes (`_h`, `_lanes`)
         lo, hi = quad16(w, 3)                                   # nibbles 0, 4
-        al, ah = lo * _half(XA, 0), hi * _half(XA, 1)
-        lo, hi = quad16(w, 2)                                   # nibbles 1, 5
-        al, ah = al + lo * _half(XC, 0), ah + hi * _half(XC, 1)
+        al, ah = _lanes(lo * _h(XA, 0), hi * _h(XA, 1), w, 2, XC)   # + nibbles 1, 5
         p0 = (al + ah).to(tl.float32)
         lo, hi = quad16(w, 1)                                   # nibbles 2, 6
-        bl, bh = lo * _half(XA, 0), hi * _half(XA, 1)
-        lo, hi = quad16(w, 0)                                   # nibbles 3, 7
-        bl, bh = bl + lo * _half(XC, 0), bh + hi * _half(XC, 1)
+        bl, bh = _lanes(lo * _h(XA, 0), hi * _h(XA, 1), w, 0, XC)   # + nibbles 3, 7
         p1 = (bl + bh).to(tl.float32)
     return p0, p1
 
@@ -201,22 +192,15 @@ def marlin_tile_sums_h2(wrow, srow, prow, vrow, rm, gm, col, sc, EVEN:tl.constex
     """`marlin_tile_sums` in packed fp16: `prow` [R, 1, 1, 1] points to a tile row's 8 activation pairs (int32: pair j
     holds inputs 2j, 2j + 1 of the row, times the row's power of two s), `vrow` to its 1/s (fp32)."""
     q = tl.arange(0, 4)[None, None, :, None]                                    # [1, 1, 4, 1]: word 4q + w of a group
-    w4 = tl.arange(0, 4)[None, None, None, :]
-    wp = wrow + col[None, :, None, None] + 4 * q + w4                           # [R, C, 4, 4]
-    sp = srow + sc[None, :, None, :]                                            # [R, C, 1, 4]: column n0 of each w
     if EVEN:
         XA = tl.load(prow + q).to(tl.uint32, bitcast=True)                      # [R, 1, 4, 1]: inputs 2q, 2q+1
         XC = tl.load(prow + q + 4).to(tl.uint32, bitcast=True)                  # inputs 2q+8, 2q+9
         inv = tl.load(vrow)                                                     # [R, 1, 1, 1]
-        w = tl.load(wp).to(tl.uint32, bitcast=True)
-        b0, b1 = tl.load(sp), tl.load(sp + 2)
     else:
         XA = tl.load(prow + q, mask=rm, other=0).to(tl.uint32, bitcast=True)
         XC = tl.load(prow + q + 4, mask=rm, other=0).to(tl.uint32, bitcast=True)
         inv = tl.load(vrow, mask=rm, other=0.0)
-        m = rm & gm[None, :, None, None]                                        # [R, C, 1, 1]
-        w = tl.load(wp, mask=m, other=0).to(tl.uint32, bitcast=True)
-        b0, b1 = tl.load(sp, mask=m, other=0), tl.load(sp + 2, mask=m, other=0)
+    w, b0, b1 = _tile_words(wrow, srow, rm, gm, col, sc, False, EVEN)
     p0, p1 = marlin_words_h2(w, XA, XC, ASM)
     return p0 * (scale_of(b0.to(tl.int32)) * inv), p1 * (scale_of(b1.to(tl.int32)) * inv)
 
@@ -235,6 +219,25 @@ def marlin_act_kernel(x_ptr, p_ptr, v_ptr, K, KP, stride_xm, BLOCK_B:tl.constexp
     tl.store(v_ptr + m * (KP // 16) + b, inv, mask=bm)
 
 @triton.jit
+def _tile_words(wrow, srow, rm, gm, col, sc, WS:tl.constexpr, EVEN:tl.constexpr):
+    """The words `[R, C, 4, 4]` (uint32) of rows of tile rows times the C column groups, and the scale bytes of their
+    columns n0 and n0 + 8 (`[R, C, 1, 4]`, or the words' shape with `WS`), masked unless `EVEN`."""
+    q = tl.arange(0, 4)[None, None, :, None]                                    # [1, 1, 4, 1]: word 4q + w of a group
+    w4 = tl.arange(0, 4)[None, None, None, :]
+    wp = wrow + col[None, :, None, None] + 4 * q + w4                           # [R, C, 4, 4]
+    sp = srow + sc[None, :, None, :]                                            # [R, C, 1, 4]: column n0 of each w
+    if WS:
+        sp = sp + 0 * q                                                         # [R, C, 4, 4]: the same byte for each q
+    if EVEN:
+        w = tl.load(wp).to(tl.uint32, bitcast=True)
+        b0, b1 = tl.load(sp), tl.load(sp + 2)                                   # column n0 + 8: two bytes on
+    else:
+        m = rm & gm[None, :, None, None]                                        # [R, C, 1, 1]
+        w = tl.load(wp, mask=m, other=0).to(tl.uint32, bitcast=True)
+        b0, b1 = tl.load(sp, mask=m, other=0), tl.load(sp + 2, mask=m, other=0)
+    return w, b0, b1
+
+@triton.jit
 def marlin_tile_sums(wrow, srow, xrow, xk, XK, rm, gm, col, sc, WS:tl.constexpr=False, EVEN:tl.constexpr=False):
     """Rows of tile rows, each named by pointers `[R, 1, 1, 1]` to its first word, its scale bytes and its 16 inputs
     (`xk`: the index of its first input, the first `XK` valid; `rm`: its mask), times `C` column groups (in range `gm`
@@ -244,27 +247,18 @@ def marlin_tile_sums(wrow, srow, xrow, xk, XK, rm, gm, col, sc, WS:tl.constexpr=
     column and broadcast: more loads, but the compiler then keeps one register layout through the loop. `EVEN`: every
     row, group and input is in range (the launcher checks), so nothing is masked."""
     q = tl.arange(0, 4)[None, None, :, None]                                    # [1, 1, 4, 1]: word 4q + w of a group
-    w4 = tl.arange(0, 4)[None, None, None, :]
     i0 = xk + 2 * q                                                             # [R, 1, 4, 1]: input 2q of each word
-    wp = wrow + col[None, :, None, None] + 4 * q + w4                           # [R, C, 4, 4]
-    sp = srow + sc[None, :, None, :]                                            # [R, C, 1, 4]: column n0 of each w
-    if WS:
-        sp = sp + 0 * q                                                         # [R, C, 4, 4]: the same byte for each q
     if EVEN:
         xa = tl.load(xrow + 2 * q).to(tl.float32)
         xb = tl.load(xrow + 2 * q + 1).to(tl.float32)
         xc = tl.load(xrow + 2 * q + 8).to(tl.float32)
         xd = tl.load(xrow + 2 * q + 9).to(tl.float32)
-        w = tl.load(wp).to(tl.uint32, bitcast=True)
-        b0, b1 = tl.load(sp), tl.load(sp + 2)                                   # column n0 + 8: two bytes on
     else:
         xa = tl.load(xrow + 2 * q, mask=rm & (i0 < XK), other=0.0).to(tl.float32)
         xb = tl.load(xrow + 2 * q + 1, mask=rm & (i0 + 1 < XK), other=0.0).to(tl.float32)
         xc = tl.load(xrow + 2 * q + 8, mask=rm & (i0 + 8 < XK), other=0.0).to(tl.float32)
         xd = tl.load(xrow + 2 * q + 9, mask=rm & (i0 + 9 < XK), other=0.0).to(tl.float32)
-        m = rm & gm[None, :, None, None]                                        # [R, C, 1, 1]
-        w = tl.load(wp, mask=m, other=0).to(tl.uint32, bitcast=True)
-        b0, b1 = tl.load(sp, mask=m, other=0), tl.load(sp + 2, mask=m, other=0)
+    w, b0, b1 = _tile_words(wrow, srow, rm, gm, col, sc, WS, EVEN)
     p0, p1 = marlin_words(w, xa, xb, xc, xd)
     return p0 * scale_of(b0.to(tl.int32)), p1 * scale_of(b1.to(tl.int32))
 
@@ -386,6 +380,16 @@ MARLIN_TILES = TileTable("moe decode over Marlin's layout",
                                (4, MarlinTile(1, 64, 4, 2), MarlinTile(2, 8, 4, 2)), (8, MarlinTile(2, 16, 4, 2), MarlinTile(2, 4, 4, 2)))},
                          archs=(H200,), source="benchmarks/kernels/moe_batch.py (benchmarks/results/current/moe_batch_h100_even.json)")
 
+def _act_pairs(t:torch.Tensor, # [rows, K] inputs (x, or down's h)
+               KP:int, # the width to write, K rounded up (down: I padded to IP)
+              )->tuple: # int32 [rows, KP/2] pairs, fp32 [rows, KP/16] 1/s
+    "`marlin_act_kernel` over `t`: its inputs as scaled fp16 pairs (zeros past K) and each 16-input block's 1/s."
+    rows, K = t.shape
+    ps = torch.empty(rows, KP, dtype=torch.float16, device=t.device)
+    iv = torch.empty(rows, KP // 16, dtype=torch.float32, device=t.device)
+    marlin_act_kernel[(-(-(KP // 16) // 64), rows)](t, ps, iv, K, KP, t.stride(0), BLOCK_B=64)
+    return ps.view(torch.int32), iv                                             # pair j = inputs 2j, 2j+1
+
 def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
                       topk_ids:torch.Tensor, # [M, k] selected experts
                       topk_weights:torch.Tensor, # [M, k] routing weights
@@ -418,23 +422,13 @@ def moe_marlin_triton(x:torch.Tensor, # [M, K] activations (bf16 or fp32)
     KP = triton.next_power_of_2(k)
     even_g = K % (16 * g.k_tiles) == 0 and (IP // 8) % g.groups == 0                       # no tile row or group out of range
     even_d = IP % (16 * d.k_tiles) == 0 and (H // 8) % d.groups == 0 and I == IP and KP == k   # and no padded input or expert row
-    xa, iv = x, None
-    if g.half2:                                                                 # the activations as scaled fp16 pairs, once
-        xs = torch.empty(M, K, dtype=torch.float16, device=x.device)
-        iv = torch.empty(M, K // 16, dtype=torch.float32, device=x.device)
-        marlin_act_kernel[(cdiv(K // 16, 64), M)](x, xs, iv, K, K, x.stride(0), BLOCK_B=64)
-        xa = xs.view(torch.int32)                                               # [M, K/2]: pair j = inputs 2j, 2j+1
+    xa, iv = _act_pairs(x, K) if g.half2 else (x, None)                         # the activations as scaled fp16 pairs, once
     marlin_gate_up_kernel[(cdiv(IP // 8, g.groups), M * k)](
         xa, iv, ids, w13.words, w13.scale, w13.global_scale, h, K, I, IP, k,
         xa.stride(0), 0 if iv is None else iv.stride(0), w13.words.stride(0), w13.scale.stride(0), h.stride(0),
         C=g.groups, BKT=g.k_tiles, NUM_STAGES=g.num_stages, WS=g.word_scales, EVEN=even_g, H2=g.half2,
         ASM=not interpreting(), num_warps=g.num_warps)
-    ha, hv = h, None
-    if d.half2:                                                                 # h as scaled fp16 pairs, padded to IP
-        hs = torch.empty(M * k, IP, dtype=torch.float16, device=x.device)
-        hv = torch.empty(M * k, IP // 16, dtype=torch.float32, device=x.device)
-        marlin_act_kernel[(cdiv(IP // 16, 64), M * k)](h, hs, hv, I, IP, h.stride(0), BLOCK_B=64)
-        ha = hs.view(torch.int32)                                               # [M·k, IP/2]
+    ha, hv = _act_pairs(h, IP) if d.half2 else (h, None)                        # h as scaled fp16 pairs, padded to IP
     marlin_down_kernel[(cdiv(H // 8, d.groups), M)](
         ha, hv, ids, wts, w2.words, w2.scale, w2.global_scale, out, I, IP, H, k,
         ha.stride(0), 0 if hv is None else hv.stride(0), w2.words.stride(0), w2.scale.stride(0), out.stride(0),
