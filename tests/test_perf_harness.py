@@ -787,6 +787,20 @@ def test_a_whole_phase_against_a_fake_engine(tmp_path, isolated_env):
     assert f["value_tok_s"] > 0 and math.isclose(f["fraction_of_roofline"], f["value_tok_s"] / f["roofline_tok_s"])
     assert r["memory"]["source"].startswith("nvidia-smi") and r["wall_s"] > 0
 
+def test_the_ceilings_are_the_gpu_it_ran_on(tmp_path, isolated_env):
+    "On an H100 every decode ceiling and the step model use its 3.35 TB/s (nvidia-smi's name), not the H200's 4.8."
+    isolated_env.setattr(prun, "gpu_info", lambda: {"name": "NVIDIA H100 80GB HBM3", "count": 1, "gpus": []})
+    rc, r = _fake_phase(tmp_path, isolated_env)
+    assert rc == 0 and (r["roofline"]["gpu"], r["roofline"]["bandwidth_Bps"]) == ("h100", 3.35e12)
+    cfg = SolarOpen2Config.real()
+    f = r["figures"]["decode_bs1_ctx2048"]
+    assert math.isclose(f["roofline_tok_s"], budget.decode_ceiling(3.35e12, cfg, 2, 2048 + 16 / 2))
+    assert math.isclose(r["roofline"]["batch"]["8"]["bandwidth_Bps"], 3.35e12)
+    assert math.isclose(r["figures"]["prefill_ctx8192"]["decode_roofline_tok_s"], budget.decode_ceiling(3.35e12, cfg, 2, 8192))
+    step = r["roofline"]["predicted_step_us"]["2048"]
+    assert math.isclose(step["moe"], ph.predicted_step_us(cfg, 2, 2048, bandwidth=3.35e12)["moe"])
+    assert ph.gpu_peaks("NVIDIA H200")[::2] == (4.8e12, "h200") and ph.gpu_peaks("NVIDIA A100-SXM4-80GB")[::2] == (4.8e12, None)
+
 def test_only_and_variant_limit_the_measurements_and_name_the_files(tmp_path, isolated_env):
     rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "decode,profile", "--variant", "fused"], "perf_h200_graphs_fused")
     assert rc == 0 and r["status"] == "complete" and sorted(r["figures"]) == ["decode_bs1_ctx2048"] and r["profile"]["steps"] == 5

@@ -68,12 +68,9 @@ GATE_RULE = (f"every path's output on its first {CHECK_TOKENS} tokens is within 
 
 
 def peaks(gpu:str)->tuple:
-    """(bandwidth, dense BF16 FLOP/s) of the GPU named `gpu`: the budget's table of GPUs (H200 when the name is not in
-    it) and the BF16 peak of chapter performance's prefill ceiling (the same on the H100 and H200 SXM)."""
-    from solar_open2.budget import GPUS
-    from benchmarks.engine.perf.figures import H200_BF16_FLOPS
-    g = next((g for g in GPUS.values() if g.name in gpu), GPUS["h200"])
-    return g.bandwidth, H200_BF16_FLOPS
+    "(bandwidth, dense BF16 FLOP/s) of the GPU named `gpu`: perf's `gpu_peaks` (H200 when the name is not in the table)."
+    from benchmarks.engine.perf.figures import gpu_peaks
+    return gpu_peaks(gpu)[:2]
 
 def shared_global_scale(w13):
     "`w13` with the up rows' global scale set to the gate rows' (one scale per expert, what Marlin and one launch need)."

@@ -19,12 +19,16 @@
 #   spec-rank     the verify step's cost at one TP2 rank of the real model (timed: never TOGETHER): decode at 2K with a
 #                 random EAGLE-3 head proposing K tokens (every draft rejected, so each step verifies 1 + K tokens), one
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
-#                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls)
+#                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls;
+#                 SPEC_RANK_ARGS: more perf options; on an H100, whose 79.6 GiB leave 8 GiB beside the rank's 71.6 GiB of
+#                 weights: "--kv-cache-memory-bytes 2G --max-model-len 8192 --max-num-seqs 4 --batch-sizes 4
+#                 --max-num-batched-tokens 2048 --capture-sizes 1,2,4,8", and the ceilings are then the H100's (perf reads the GPU's name))
 #   spec-e2e      end-to-end ngram decode at one TP2 rank of the real model (timed: never TOGETHER): one stream at 2K
 #                 (a prompt of one 64-token block repeated, --prompt-period 64), 256 greedy tokens, vLLM's stats on in every
 #                 variant (--log-stats: the ngram ones need them for their counters), without speculation,
 #                 with ngram k = 3 under the plugin's piecewise guard and with full graphs (--spec-full-graphs), as an A/B
-#                 of benchmarks.engine.perf into $OUT/spec-e2e/: tok/s, acceptance, mean accepted length (about 150 s an engine)
+#                 of benchmarks.engine.perf into $OUT/spec-e2e/: tok/s, acceptance, mean accepted length (about 150 s an engine;
+#                 SPEC_E2E_ARGS: more perf options)
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
 #                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs; PARITY_ARGS
@@ -124,21 +128,21 @@ run_one() {
            job "$j" python3 -m benchmarks.engine.parity --slice 2 --out "$OUT/$j" \
              --name "gpu_parity_slice_vllm_$(python3 -c 'import vllm; print(vllm.__version__)')" --deadline-s "$DEADLINE_S" \
              --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" "${PARITY_EXTRA[@]}" ;;
-    spec-rank)
+    spec-rank) read -r -a SR_EXTRA <<< "${SPEC_RANK_ARGS:-}"
       ab=(); for k in ${SPEC_KS:-0 1 3}; do
         if [ "$k" = 0 ]; then ab+=(--ab "k0="); else ab+=(--ab "k$k=--draft-head $k --spec-full-graphs"); fi
       done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
-        --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${ab[@]}" ;;
+        --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SR_EXTRA[@]}" "${ab[@]}" ;;
     moe-batch) read -r -a MB_EXTRA <<< "${MOE_BATCH_ARGS:-}"
       job "$j" python3 -m benchmarks.kernels.moe_batch --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MB_EXTRA[@]}" ;;
     moe-rank) read -r -a MR_EXTRA <<< "${MOE_RANK_ARGS:-}"
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode,batch,prefill --decode-contexts 2048 \
         --batch-sizes 8,32,64 --prefill-contexts 8192 --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MR_EXTRA[@]}" \
         --ab "default=" --ab "marlin_decode=--moe-marlin-kernels" --ab "emulation=--moe-backend emulation" ;;
-    spec-e2e)
+    spec-e2e) read -r -a SE_EXTRA <<< "${SPEC_E2E_ARGS:-}"
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
-        --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" \
+        --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SE_EXTRA[@]}" \
         --ab "base=" --ab "ngram3=--ngram ${SPEC_E2E_K:-3}" --ab "ngram3_full=--ngram ${SPEC_E2E_K:-3} --spec-full-graphs" ;;
     prefill-profile) read -r -a PP_EXTRA <<< "${PREFILL_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.perf --config rank --phase graphs --only prefill,profile --prefill-contexts 8192,32768 \

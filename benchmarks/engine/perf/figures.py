@@ -8,7 +8,14 @@ from solar_open2 import budget
 from solar_open2.config import SolarOpen2Config
 
 H200_BANDWIDTH = budget.BANDWIDTH["h200"]            # 4.8e12 B/s per GPU
-H200_BF16_FLOPS = 989.4e12                           # dense BF16 tensor-core peak, H200 SXM
+H200_BF16_FLOPS = 989.4e12                           # dense BF16 tensor-core peak, H200 SXM (the H100 SXM's too)
+
+def gpu_peaks(gpu:str|None)->tuple:
+    """(bandwidth B/s, dense BF16 FLOP/s, key) of the GPU named `gpu` (nvidia-smi's name): the budget's table of GPUs,
+    the H200's figures when the name is not in it (key None then), and the BF16 peak of the prefill ceiling, the same
+    on the H100 and H200 SXM. Every ceiling a run reports is set against the GPU it ran on."""
+    g = next((k for k, g in budget.GPUS.items() if gpu and g.name in gpu), None)
+    return budget.GPUS[g or "h200"].bandwidth, H200_BF16_FLOPS, g
 
 # --------------------------------------------------------------------------------------------------------------
 # figures from token arrival times

@@ -10,7 +10,7 @@ from solar_open2.config import SolarOpen2Config
 from benchmarks.common import ROOT
 from benchmarks.engine.perf.cli import CONFIG_NOTES, OPTIONS_KEY, PHASES, PLUGIN_KEYS, model_config, kv_prediction, run_name, strip_flags
 from benchmarks.engine.perf.enginelog import compare_kv, parse_engine_log
-from benchmarks.engine.perf.figures import (H200_BF16_FLOPS, batch_stats, decode_roofline, first_token_sanity, output_sanity,
+from benchmarks.engine.perf.figures import (H200_BANDWIDTH, H200_BF16_FLOPS, batch_stats, decode_roofline, gpu_peaks, first_token_sanity, output_sanity,
                                             predicted_step_us, prefill_flops_by_family, prefill_roofline, sanity_passed,
                                             single_stream_stats, with_roofline)
 from benchmarks.engine.perf.results import new_result, out_paths, read_ab_runs, run_merge, versions, write_ab, write_result
@@ -237,6 +237,10 @@ def parse_smi(text:str)->dict:
     return {"peak_used_mib": {str(i): peak[i] for i in sorted(peak)}, "total_mib": {str(i): total[i] for i in sorted(total)},
             "peak_used_gib": {str(i): round(peak[i] / 1024, 3) for i in sorted(peak)}, "samples": {str(i): n[i] for i in sorted(n)}}
 
+def bw(a)->float:
+    "The bandwidth the run's decode ceilings use: its GPU's (set in main from nvidia-smi), the H200's before that."
+    return getattr(a, "_bw", H200_BANDWIDTH)
+
 def gpu_info()->dict:
     "Name, memory and driver of each GPU, from nvidia-smi (never initialises CUDA in this process)."
     try:
@@ -335,7 +339,7 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
         if c0 is not None:
             from benchmarks.engine.spec import delta
             st["spec"] = delta(c0, spec_counters(a, llm))
-        roof = decode_roofline(cfg, a.tp, ctx + a.decode_tokens / 2, 1)
+        roof = decode_roofline(cfg, a.tp, ctx + a.decode_tokens / 2, 1, bw(a))
         res["figures"][f"decode_bs1_ctx{ctx}"] = with_roofline(
             {"kind": "decode", "context": ctx, "batch": 1, "tokens": st["tokens"], "itl_median_ms": st.get("itl_median_ms"),
              "decode_tok_s": st["decode_tok_s"], "tokens_per_step": st.get("tokens_per_step"),
@@ -358,13 +362,13 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
                              "prefill_tok_s": best["prefill_tok_s"], "chunk_tokens": a.max_num_batched_tokens,
                              "runs_tok_s": [r["prefill_tok_s"] for r in runs]},
                             prefill_roofline(cfg, a.tp, ctx), "prefill_tok_s", "tok_s", "prefill-compute")
-        fig["decode_roofline_tok_s"] = decode_roofline(cfg, a.tp, ctx, 1)["per_seq_tok_s"]
+        fig["decode_roofline_tok_s"] = decode_roofline(cfg, a.tp, ctx, 1, bw(a))["per_seq_tok_s"]
         res["figures"][f"prefill_ctx{ctx}"] = fig
 
     def batch(b):
         recs = run_requests(eng, [token_prompt(a.batch_prompt, vocab, next(seed)) for _ in range(b)], a.batch_tokens, f"bat{b}")
         st = batch_stats(recs); res["sanity"][f"decode_bs{b}"] = output_sanity(recs)
-        roof = decode_roofline(cfg, a.tp, a.batch_prompt + a.batch_tokens / 2, b)
+        roof = decode_roofline(cfg, a.tp, a.batch_prompt + a.batch_tokens / 2, b, bw(a))
         res["figures"][f"decode_bs{b}"] = with_roofline(
             {"kind": "batch", "context": a.batch_prompt, "batch": b, "decode_tok_s": st["decode_tok_s"],
              "per_seq_tok_s": st["per_seq_tok_s"], "window": st["window"]},
@@ -416,7 +420,7 @@ def run_profile(a, llm, cfg:SolarOpen2Config, vocab:int, seed:int)->dict:
     s["steps_requested"] = a.profile_steps
     s.update(trace_file=traces[0].name, trace_bytes=traces[0].stat().st_size, context=ctx, batch=1,
              seconds=round(time.perf_counter() - t, 1))
-    pred = predicted_step_us(cfg, a.tp, ctx)
+    pred = predicted_step_us(cfg, a.tp, ctx, bandwidth=bw(a))
     s["predicted_us_per_step"] = {k: round(v, 1) for k, v in pred.items()}
     s["vs_prediction"] = compare_profile(s, pred)
     keep_trace(a, traces[0])
@@ -489,12 +493,15 @@ def run_phase(a, phase:str, argv:list)->int:
     if not a.no_shim and shim_entry_points(a): shim = write_plugin_shim(work / "plugin_shim", shim_entry_points(a))
     res["env"] = setup_environment(shim, dict(a.env or []))
     res["gpu"] = gpu_info()
+    bw_, _, key = gpu_peaks(res["gpu"].get("name"))
+    a._bw = bw_                                                     # every ceiling below is the GPU's this ran on
     res["kv_pool"] = {"predicted": kv_prediction(a)}
     cfg = model_config(a.config)
-    res["roofline"] = {"decode": {str(c): decode_roofline(cfg, a.tp, c + a.decode_tokens / 2) for c in a.decode_contexts},
-                       "batch": {str(b): decode_roofline(cfg, a.tp, a.batch_prompt + a.batch_tokens / 2, b) for b in a.batch_sizes},
+    res["roofline"] = {"gpu": key or "h200 (not in the table: its figures)", "bandwidth_Bps": bw_,
+                       "decode": {str(c): decode_roofline(cfg, a.tp, c + a.decode_tokens / 2, 1, bw_) for c in a.decode_contexts},
+                       "batch": {str(b): decode_roofline(cfg, a.tp, a.batch_prompt + a.batch_tokens / 2, b, bw_) for b in a.batch_sizes},
                        "prefill": {str(c): prefill_roofline(cfg, a.tp, c) for c in a.prefill_contexts},
-                       "predicted_step_us": {str(c): predicted_step_us(cfg, a.tp, c) for c in a.decode_contexts}}
+                       "predicted_step_us": {str(c): predicted_step_us(cfg, a.tp, c, bandwidth=bw_) for c in a.decode_contexts}}
     save()
     rc, llm = 0, None
     with LogCapture(log_path) as cap, smi_monitor(work / "smi.csv", a.smi_interval_ms) as smi:
