@@ -208,14 +208,14 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     from benchmarks.engine import perf as ph
     site, log = fake_site(tmp_path, args=True)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "500",
-           "SPEC_E2E_ARGS": "--kv-cache-memory-bytes 2G --max-num-seqs 4 --batch-sizes 4"}
+           "SPEC_E2E_ARGS": "--kv-cache-memory-bytes 2G --max-num-seqs 2 --batch-sizes 2"}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "== spec-e2e: exit 0" in r.stdout, r.stderr
     argv = log.read_text().splitlines()
     assert argv[:2] == ["-m", "benchmarks.engine.perf"]
     a = ph.parse_args(argv[2:])
     assert (a.config, a.phase, a.only, a.decode_contexts, a.prompt_period, a.deadline_s) == ("rank", "ab", ("decode",), [2048], 64, 500)
-    assert (a.kv_cache_memory_bytes, a.max_num_seqs) == ("2G", 4)                # SPEC_E2E_ARGS reach perf
+    assert (a.kv_cache_memory_bytes, a.max_num_seqs) == ("2G", 2)                # SPEC_E2E_ARGS reach perf
     assert a.log_stats                                                           # the baseline logs stats as the ngram variants must
     assert a.ab_variants == [("base", []), ("ngram3", ["--ngram", "3"]), ("ngram3_full", ["--ngram", "3", "--spec-full-graphs"])]
     for _, flags in a.ab_variants:                                               # each variant's engine arguments parse
@@ -232,7 +232,7 @@ def test_checks_script_spec_rank_runs_one_engine_per_k_with_its_extra_args(tmp_p
     pool, say); every variant parses in perf's own parser."""
     from benchmarks.engine import perf as ph
     site, log = fake_site(tmp_path, args=True)
-    h100 = "--kv-cache-memory-bytes 2G --max-model-len 8192 --max-num-seqs 4 --batch-sizes 4 --max-num-batched-tokens 2048 --capture-sizes 1,2,4,8"
+    h100 = "--kv-cache-memory-bytes 2G --max-model-len 8192 --max-num-seqs 2 --batch-sizes 2 --max-num-batched-tokens 2048 --capture-sizes 1,2,4,8"
     env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "450", "SPEC_KS": "0 3 7",
            "SPEC_RANK_ARGS": h100}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-rank"], capture_output=True, text=True, env=env)
@@ -241,7 +241,7 @@ def test_checks_script_spec_rank_runs_one_engine_per_k_with_its_extra_args(tmp_p
     a = ph.parse_args(argv[2:])
     assert (a.config, a.phase, a.only, a.decode_contexts, a.deadline_s) == ("rank", "ab", ("decode",), [2048], 450)
     assert (a.kv_cache_memory_bytes, a.max_model_len, a.max_num_seqs, a.max_num_batched_tokens, a.capture_sizes) == (
-        "2G", 8192, 4, 2048, [1, 2, 4, 8])
+        "2G", 8192, 2, 2048, [1, 2, 4, 8])
     assert a.ab_variants == [("k0", []), ("k3", ["--draft-head", "3", "--spec-full-graphs"]),
                              ("k7", ["--draft-head", "7", "--spec-full-graphs"])]
     assert [ph.parse_args(argv[2:] + f).draft_head for _, f in a.ab_variants] == [None, 3, 7]

@@ -21,7 +21,7 @@
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
 #                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls;
 #                 SPEC_RANK_ARGS: more perf options; on an H100, whose 79.6 GiB leave 8 GiB beside the rank's 71.6 GiB of
-#                 weights: "--kv-cache-memory-bytes 2G --max-model-len 8192 --max-num-seqs 4 --batch-sizes 4
+#                 weights: "--kv-cache-memory-bytes 2G --max-model-len 8192 --max-num-seqs 2 --batch-sizes 2
 #                 --max-num-batched-tokens 2048 --capture-sizes 1,2,4,8", and the ceilings are then the H100's (perf reads the GPU's name))
 #   spec-e2e      end-to-end ngram decode at one TP2 rank of the real model (timed: never TOGETHER): one stream at 2K
 #                 (a prompt of one 64-token block repeated, --prompt-period 64), 256 greedy tokens, vLLM's stats on in every
