@@ -835,9 +835,10 @@ def test_ab_and_only_refuse_bad_input(argv, needle, capsys):
 
 def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeypatch):
     calls = []
-    def fake_run(cmd, **kw):
+    def fake_run(cmd, log, timeout_s, **kw):
         calls.append(cmd)
         v = cmd[cmd.index("--variant") + 1]
+        assert log == tmp_path / f"ab_{v}.log" and abs(timeout_s - float(cmd[cmd.index("--deadline-s") + 1]) - prun.AB_GRACE_S) <= 0.5
         rate = {"separate": 100.0, "fused": 125.0, "splits": 110.0}[v]
         r = {"status": "complete", "command": " ".join(cmd), "settings": {"variant": v}, "engine": {"init_s": 90.0},
              "figures": {"decode_bs1_ctx2048": {"value_tok_s": rate, "fraction_of_roofline": rate / 479, "itl_median_ms": 1e3 / rate}},
@@ -845,8 +846,9 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
              "profile": {"steps": 8, "step_us": 1e6 / rate, "gpu_busy_fraction": 0.85,
                          "families": [{"family": "dense_gemm", "us_per_step": 4000.0, "kernels": 8 * 800}]}}
         ph.write_json(r, [tmp_path / f"perf_h200_graphs_{v}.json"])
-        return subprocess.CompletedProcess(cmd, 0)
-    monkeypatch.setattr(prun.subprocess, "run", fake_run)
+        log.write_text(f"variant {v} done\n")
+        return 0
+    monkeypatch.setattr(prun, "run_logged", fake_run)
     argv = ["--phase", "ab", "--ab", "separate=--no-fuse-kda-proj", "--ab", "fused=--fuse-kda-proj", "--only", "decode",
             "--results-dir", str(tmp_path), "--out", str(tmp_path), "--deadline-s", "600"]
     assert ph.main(argv) == 0
@@ -863,6 +865,24 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
     assert [c[c.index("--variant") + 1] for c in calls] == ["separate", "fused", "splits"]
     assert 295 <= float(calls[0][calls[0].index("--deadline-s") + 1]) <= 301
     assert calls[2][calls[2].index("--attn-max-splits") + 1] == "8" and calls[0][calls[0].index("--config") + 1] == "rank"
+
+def test_ab_kills_a_hung_variant_and_runs_the_next(tmp_path, monkeypatch, capsys):
+    """A variant whose engine hangs (an EAGLE-3 engine with full graphs did, 2026-12-07) is killed with stack dumps past
+    its share of the deadline plus AB_GRACE_S; the next variant still runs, and the A/B's status says it failed."""
+    from benchmarks import common
+    ran = []
+    def child(cmd, log, timeout_s, **kw):                       # the real run_logged over a stand-in engine
+        v = cmd[cmd.index("--variant") + 1]; ran.append(v)
+        body = "import time; time.sleep(60)" if v == "hung" else "print('ok')"
+        return common.run_logged([sys.executable, "-c", body], log, timeout_s, grace_s=1.0)
+    monkeypatch.setattr(prun, "run_logged", child)
+    monkeypatch.setattr(prun, "AB_GRACE_S", 1.0)
+    t = time.perf_counter()
+    rc = ph.main(["--config", "tiny", "--phase", "ab", "--ab", "hung=", "--ab", "next=", "--only", "decode",
+                  "--results-dir", str(tmp_path), "--out", str(tmp_path), "--deadline-s", "2"])
+    assert ran == ["hung", "next"] and rc != 0 and time.perf_counter() - t < 30
+    assert "SIGKILL" in (tmp_path / "ab_hung.log").read_text() and (tmp_path / "ab_next.log").read_text() == "ok\n"
+    assert "hung still running" in capsys.readouterr().out
 
 def test_the_graphs_warmup_decodes_as_far_as_the_measurement(tmp_path, isolated_env):
     "The graphs warm-up stream crosses every KV block the measured stream will (a first crossing stalled one window)."

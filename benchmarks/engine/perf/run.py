@@ -7,7 +7,7 @@ import contextlib, json, os, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 
 from solar_open2.config import SolarOpen2Config
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, run_logged
 from benchmarks.engine.perf.cli import CONFIG_NOTES, OPTIONS_KEY, PHASES, PLUGIN_KEYS, model_config, kv_prediction, run_name, strip_flags
 from benchmarks.engine.perf.enginelog import compare_kv, parse_engine_log
 from benchmarks.engine.perf.figures import (H200_BANDWIDTH, H200_BF16_FLOPS, batch_stats, decode_roofline, gpu_peaks, first_token_sanity, output_sanity,
@@ -597,9 +597,14 @@ def child_env()->dict:
 # a0b, a1-a3); tiny: a guess of the same kind. With rank at 270 the first of three variants in 500 s got 167 s, and a
 # cold first engine (200 s to ready) measured nothing.
 AB_RESERVE_S = {"real": 270, "rank": 100, "tiny": 60}
+# A variant's deadline stops it starting measurements, not a hung engine (on 2026-12-07 an EAGLE-3 engine with full
+# graphs sat at 96 % CPU for minutes): past its share plus this it is killed with stack dumps and the next one starts.
+AB_GRACE_S = 150
 
 def run_ab(a, argv:list)->int:
-    "Every `--ab` variant as a graphs-phase child process, one after the other; then `perf_h200[_CONFIG]_ab.json`."
+    """Every `--ab` variant as a graphs-phase child process, one after the other, its output in `ab_NAME.log` beside the
+    results (`run_logged`: killed with stack dumps `AB_GRACE_S` past its share of the deadline); then
+    `perf_h200[_CONFIG]_ab.json`."""
     t0, rc = time.perf_counter(), 0
     rest = strip_flags(argv, ("--phase", "--deadline-s", "--ab", "--variant"))
     for i, (name, flags) in enumerate(a.ab_variants):
@@ -607,7 +612,13 @@ def run_ab(a, argv:list)->int:
         share = max(left / (len(a.ab_variants) - i), left - AB_RESERVE_S[a.config] * (len(a.ab_variants) - i - 1))   # the first pays the cold start
         cmd = [sys.executable, "-m", MODULE, "--phase", "graphs", "--variant", name, "--deadline-s", f"{share:.0f}", *flags, *rest]
         print(f"[perf_h200] ab: {' '.join(cmd)}", flush=True)
-        rc = max(rc, subprocess.run(cmd, cwd=ROOT, env=child_env()).returncode)
+        log = Path(a.out or a.results_dir) / f"ab_{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        code = run_logged(cmd, log, share + AB_GRACE_S, env=child_env(), cwd=ROOT)
+        print("".join(log.read_text(errors="replace").splitlines(keepends=True)[-12:]), end="", flush=True)
+        if code == 124: print(f"[perf_h200] ab: {name} still running {share + AB_GRACE_S:.0f} s after its start: killed "
+                              f"(stacks in {log}); the next variant starts", flush=True)
+        rc = max(rc, code)
     return max(rc, write_ab(a, argv, read_ab_runs(a)))
 
 
