@@ -866,6 +866,24 @@ def test_ab_runs_each_variant_as_a_child_and_summarises_ratios(tmp_path, monkeyp
     assert 295 <= float(calls[0][calls[0].index("--deadline-s") + 1]) <= 301
     assert calls[2][calls[2].index("--attn-max-splits") + 1] == "8" and calls[0][calls[0].index("--config") + 1] == "rank"
 
+def test_ab_summary_carries_the_speculative_figures_and_the_step_ratio(tmp_path):
+    """A speculative variant's figure keeps acceptance, mean accepted length and tokens per step, and its median step
+    over the baseline's (the verify step's cost); the A/B plot draws them."""
+    def run(rate, itl, **spec):
+        return {"status": "complete", "figures": {"decode_bs1_ctx2048": {"value_tok_s": rate, "fraction_of_roofline": rate / 400,
+                "itl_median_ms": itl, "tokens_per_step": spec.pop("tps", 1.0), **spec}},
+                "sanity": {"decode_bs1_ctx2048": {"passed": True, "degenerate": False}}}
+    s = ph.ab_summary({"base": run(200.0, 5.0), "draft3": run(160.0, 6.25, acceptance=0.0, mean_accepted_length=1.0),
+                       "ngram3": run(420.0, 5.5, tps=2.6, acceptance=0.53, mean_accepted_length=2.6),
+                       "old": {**run(100.0, 10.0), "figures": {"decode_bs1_ctx2048": {"value_tok_s": 100.0, "fraction_of_roofline": 0.25}}}})
+    f = {n: v["figures"]["decode_bs1_ctx2048"] for n, v in s["variants"].items()}
+    assert math.isclose(f["draft3"]["step_over_baseline"], 1.25) and f["draft3"]["acceptance"] == 0.0
+    assert (f["ngram3"]["mean_accepted_length"], f["ngram3"]["tokens_per_step"]) == (2.6, 2.6) and math.isclose(f["ngram3"]["over_baseline"], 2.1)
+    assert f["base"]["step_over_baseline"] == 1.0 and "step_over_baseline" not in f["old"]
+    fig = pp.plot_ab(s, tmp_path / "ab.png")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("step x1.25" in t for t in texts) and any("acc 53%, L 2.60" in t for t in texts)
+
 def test_ab_kills_a_hung_variant_and_runs_the_next(tmp_path, monkeypatch, capsys):
     """A variant whose engine hangs (an EAGLE-3 engine with full graphs did, 2026-12-07) is killed with stack dumps past
     its share of the deadline plus AB_GRACE_S; the next variant still runs, and the A/B's status says it failed."""

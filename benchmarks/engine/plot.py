@@ -133,7 +133,8 @@ def ab_rows(ab:dict)->list:
         for key, f in (v.get("figures") or {}).items():
             rows.append({"variant": name, "figure": key, "tok_s": f["value_tok_s"],
                          "roofline": f["value_tok_s"] / f["fraction_of_roofline"], "over_baseline": f.get("over_baseline"),
-                         "itl_median_ms": f.get("itl_median_ms"), "families": fams})
+                         "itl_median_ms": f.get("itl_median_ms"), "families": fams,
+                         **{k: f.get(k) for k in ("acceptance", "mean_accepted_length", "step_over_baseline")}})
     return rows
 
 def plot_ab(ab:dict, out:Path|None=None):
@@ -148,7 +149,10 @@ def plot_ab(ab:dict, out:Path|None=None):
     bars = a1.bar(range(len(rows)), [r["tok_s"] for r in rows], color=COLORS["graphs"])
     for b, r in zip(bars, rows):
         a1.annotate(f"{r['tok_s']:.1f} tok/s\n{100 * r['tok_s'] / r['roofline']:.1f}% of roofline"
-                    + (f"\nx{r['over_baseline']:.3f}" if r["over_baseline"] else ""),
+                    + (f"\nx{r['over_baseline']:.3f}" if r["over_baseline"] else "")
+                    + (f"\nstep x{r['step_over_baseline']:.2f}" if r.get("step_over_baseline") else "")
+                    + (f"\nacc {100 * r['acceptance']:.0f}%, L {r['mean_accepted_length']:.2f}"
+                       if r.get("acceptance") is not None and r.get("mean_accepted_length") is not None else ""),
                     (b.get_x() + b.get_width() / 2, r["tok_s"]), ha="center", va="bottom", fontsize=7)
     a1.hlines([r["roofline"] for r in rows], [i - 0.4 for i in range(len(rows))], [i + 0.4 for i in range(len(rows))],
               colors=COLORS["roofline"], linestyles="--", label="roofline")

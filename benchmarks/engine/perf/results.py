@@ -194,6 +194,16 @@ def run_merge(a)->int:
     print(json.dumps(m["acceptance"], indent=1))
     return 0
 
+def spec_figure(f:dict, base:dict|None)->dict:
+    """A speculative variant's decode figure: tokens per step, acceptance and mean accepted length (vLLM's counters),
+    and its median step against the baseline's (`step_over_baseline`: what one verify of 1 + k tokens costs, drafting
+    included, when every draft is rejected). Empty for a figure recorded before these were (no `tokens_per_step`)."""
+    if f.get("tokens_per_step") is None: return {}
+    b = (base or {}).get("itl_median_ms")
+    return {"tokens_per_step": f.get("tokens_per_step"), "acceptance": f.get("acceptance"),
+            "mean_accepted_length": f.get("mean_accepted_length"),
+            "step_over_baseline": f["itl_median_ms"] / b if b and f.get("itl_median_ms") else None}
+
 def ab_summary(runs:dict)->dict:
     """Figures and profile families of each A/B variant (first = baseline), with each figure's ratio to the baseline;
     only figures that passed their sanity gate (each run read through `gated`), the others under `gated_out`."""
@@ -212,7 +222,8 @@ def ab_summary(runs:dict)->dict:
             "figures": {k: {"value_tok_s": f["value_tok_s"], "fraction_of_roofline": f["fraction_of_roofline"],
                             "itl_median_ms": f.get("itl_median_ms"),
                             "over_baseline": (f["value_tok_s"] / base["figures"][k]["value_tok_s"])
-                            if k in base.get("figures", {}) else None} for k, f in figs.items()},
+                            if k in base.get("figures", {}) else None,
+                            **spec_figure(f, base.get("figures", {}).get(k))} for k, f in figs.items()},
             "profile": {"step_us": prof.get("step_us"), "gpu_busy_fraction": prof.get("gpu_busy_fraction"),
                         "kernels_per_step": (round(sum(x["kernels"] for x in prof.get("families", [])) / prof["steps"], 1)
                                              if prof.get("steps") else None),
