@@ -223,10 +223,14 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
         assert v.ngram == (3 if flags else None) and v.spec_full_graphs == (True if "--spec-full-graphs" in flags else None)
     log.unlink()                                                                 # the verify cost's variants in the same job
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
-                       env={**env, "SPEC_E2E_DRAFT_KS": "3 7"})
+                       env={**env, "SPEC_E2E_DRAFT_KS": "3 7", "SPEC_E2E_VARIANTS": "ngram_full"})
     a = ph.parse_args(log.read_text().splitlines()[2:])
-    assert a.ab_variants[3:] == [("draft3", ["--draft-head", "3", "--spec-full-graphs"]), ("draft7", ["--draft-head", "7", "--spec-full-graphs"])]
-    assert ph.parse_args(log.read_text().splitlines()[2:] + a.ab_variants[4][1]).draft_head == 7
+    assert a.ab_variants == [("base", []), ("ngram3_full", ["--ngram", "3", "--spec-full-graphs"]),
+                             ("draft3", ["--draft-head", "3", "--spec-full-graphs"]), ("draft7", ["--draft-head", "7", "--spec-full-graphs"])]
+    assert ph.parse_args(log.read_text().splitlines()[2:] + a.ab_variants[3][1]).draft_head == 7
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
+                       env={**env, "SPEC_E2E_VARIANTS": "ngram bogus"})
+    assert "SPEC_E2E_VARIANTS takes ngram and ngram_full, got 'bogus'" in r.stderr
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "spec-e2e times or profiles kernels" in r.stderr
