@@ -61,7 +61,7 @@ OPTIONS = (
     Option("moe_direct_out", True, ("moe_kernels",), _EMU, "vllm/moe",
            "a decode batch's MoE kernels write the layer's output in vLLM's finalize step, no workspace copy"),
     Option("moe_marlin_kernels", False, (), "Triton, CUDA; vLLM's Marlin NVFP4 backend (its pick on Hopper)", "ops/moe_marlin",
-           "decode batches of the routed experts through the batch-1 kernels over Marlin's copy of the weights, larger ones through Marlin's GEMM (off: right, but not faster than Marlin above one token: 0.98x its time at one token, 1.3x at 2, 1.9x at 8, on an H100)"),
+           "decode batches of the routed experts through the batch-1 kernels over Marlin's copy of the weights, larger ones through Marlin's GEMM (off: right, but not faster than Marlin above one token: 0.96x its time at one token, 1.2x at 2, 1.5x at 4, 1.65x at 8, on an H100)"),
     Option("spec_full_graphs", False, (), "vLLM's CUDA graphs, with a speculative config", "vllm/kda",
            "a speculative config's uniform verify batches as full CUDA graphs; off: piecewise graphs whenever speculation is on (a full-graph mode asked for becomes PIECEWISE, with a warning)"),
     Option("fp32_ieee_dots", True, (), "Triton (`TRITON_F32_DEFAULT`), a float32 model", "vllm/config",
