@@ -1,6 +1,6 @@
 """The speculative-decoding GPU script (`benchmarks.engine.spec`) on the CPU: the draft head it writes is one vLLM builds
 and loads with every weight, the taps scale the published head's, and its gate fails what it must fail."""
-import copy, json, os, tempfile
+import copy, json, os, sys, tempfile
 from pathlib import Path
 
 import pytest
@@ -92,8 +92,9 @@ def test_the_plan_runs_baselines_first_and_only_what_is_asked():
     runs = S.plan(["compressed-tensors", "bf16"], ["eager", "graphs"], [1, 3, 5], "eagle3", Path("/d"))
     keys = [":".join(r[:3]) for r in runs]
     assert keys[:4] == ["compressed-tensors:eager:base", "compressed-tensors:graphs:base", "bf16:eager:base", "bf16:graphs:base"]
-    assert len(keys) == 4 + 2 * (2 * 4) + 2 * 3                                  # 3 ngram + eagle per mode; 3 more in graphs
+    assert len(keys) == 4 + 2 * (2 * 4) + 2 * 4                                  # 3 ngram + eagle per mode; 4 more in graphs
     assert {k.split(":")[2] for k in keys if k.endswith("_full")} == {"eagle3_dummy_full", "eagle3_k3_full", "ngram_k3_full"}
+    assert [(r[3]["num_speculative_tokens"], r[4]) for r in runs if r[2] == "ngram_k3_pad"] == [(3, "FULL_AND_PIECEWISE")] * 2
     assert [r[3]["method"] for r in runs if r[2] == "ngram_k3_full"] == ["ngram"] * 2
     assert {r[4] for r in runs if r[2].endswith("_full")} == {"FULL_AND_PIECEWISE"} and {r[4] for r in runs if r[2] == "eagle3_dummy"} == {None}
     only = S.plan(["bf16"], ["eager", "graphs"], [3], "eagle3", Path("/d"), ["bf16:graphs:eagle3_k3_full"])
@@ -228,3 +229,23 @@ def test_an_engine_gets_what_is_left_of_the_deadline_plus_the_grace():
     from benchmarks.common import child_timeout
     assert child_timeout(480, 100) == 440 and child_timeout(480, 479) == 61 and child_timeout(480, 600) == 60
     assert child_timeout(300, 0, grace_s=30) == 330
+
+
+def test_a_pad_run_asks_the_child_for_padded_drafts_and_the_engine_for_the_option(monkeypatch):
+    """`ngram_k3_pad`: its child gets `--child-pad-drafts`, which the child's parser reads, and its engine the options
+    `spec_full_graphs` and `spec_pad_drafts`; the other full-graph runs only the first."""
+    import argparse, types
+    a = argparse.Namespace(tokens=8, weights="trained", norm_probe=False)
+    cmd = S.child_command(a, Path("/ck"), "graphs", Path("/o.json"), S.ngram_config(3), "FULL_AND_PIECEWISE", True)
+    assert "--child-pad-drafts" in cmd and "--child-pad-drafts" not in S.child_command(a, Path("/ck"), "graphs", Path("/o.json"), None, None)
+    seen = []
+    class LLM:                                                         # what run_engine hands vLLM, then stop
+        def __init__(self, **kw): seen.append(kw); raise RuntimeError("stop")
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=None))
+    monkeypatch.setattr(S, "plugin_entry_point", lambda: True)
+    for pad, want in ((True, {"spec_full_graphs": True, "spec_pad_drafts": True}), (False, {"spec_full_graphs": True})):
+        with pytest.raises(RuntimeError, match="stop"):
+            S.run_engine("/m", "graphs", 8, S.ngram_config(3), "trained", cudagraph_mode="FULL_AND_PIECEWISE", pad_drafts=pad)
+        assert seen[-1]["additional_config"] == {"solar_open2": want}
+    from solar_open2.vllm.options import parse_options
+    assert parse_options(seen[0]["additional_config"]).spec_pad_drafts                 # a valid option set, kept on

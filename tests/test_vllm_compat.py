@@ -233,3 +233,23 @@ def test_the_plugins_kda_ops_break_a_breakable_capture():
     r = subprocess.run([sys.executable, "-c", _EAGER_BREAK], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == 3
+
+
+def test_register_wraps_the_ngram_proposer_and_its_drafts_pad():
+    """`register()` wraps this release's `NgramProposer` (its `propose` still takes the arguments `pad_drafts` reads), and
+    an engine of ours with `spec_pad_drafts` gets k drafts a decoding request: a match keeps its own, no match repeats
+    the last sampled token; without the option the proposer's lists come back as they were."""
+    import numpy as np
+    from solar_open2.vllm import register
+    register()
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+    assert NgramProposer._solar_open2_pads
+    p = object.__new__(NgramProposer)                                  # its __init__ needs a whole VllmConfig: the state propose reads
+    p.max_model_len, p.k, p.min_n, p.max_n, p.num_tokens_threshold, p.num_numba_thread_available = 64, 3, 2, 4, 8192, 1
+    p.valid_ngram_draft, p.valid_ngram_num_drafts = np.zeros((4, 3), dtype=np.int32), np.zeros(4, dtype=np.int32)
+    tok = np.zeros((2, 64), dtype=np.int32); tok[0, :8] = [1, 2, 3, 1, 2, 3, 1, 2]; tok[1, :4] = [5, 6, 7, 8]
+    args = (3, [[2], [8]], np.array([8, 4]), tok)
+    p._solar_open2_pad = False
+    assert p.propose(*args) == [[3, 1, 2], []]                          # the proposer's own: a match, and none
+    p._solar_open2_pad = True
+    assert p.propose(*args) == [[3, 1, 2], [8, 8, 8]]

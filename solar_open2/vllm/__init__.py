@@ -76,10 +76,10 @@ def _share_vllm_logging()->None:
 _warned_version = False
 
 def register()->None:
-    "vLLM general plugin (`vllm.general_plugins`): register the config, the model classes, the KDA splitting ops, the config hook, the parsers."
+    "vLLM general plugin (`vllm.general_plugins`): register the config, the model classes, the KDA splitting ops, the config hook, the parsers; wrap the ngram proposer (`spec_pad_drafts`)."
     global _warned_version
     import vllm
-    from .config import SolarOpen2HFConfig, SolarOpen2ConfigHook
+    from .config import SolarOpen2HFConfig, SolarOpen2ConfigHook, patch_ngram_proposer
     from .compat import SUPPORTED, is_supported
     if not is_supported(vllm.__version__) and not _warned_version:
         _warned_version = True
@@ -89,5 +89,6 @@ def register()->None:
     _register_model(PROBE_ARCH, PROBE_CLASS)
     _register_splitting_op()
     _register_config_hook(SolarOpen2ConfigHook)
+    patch_ngram_proposer()                                                    # acts only for our engines with spec_pad_drafts
     _register_parsers()
     _share_vllm_logging()

@@ -11,8 +11,9 @@ from ..config import SolarOpen2Config, REQUIRED_KEYS
 from .options import options_of
 
 # %% auto #0
-__all__ = ['F32_ENV', 'SPEC_DECODE_ERROR', 'RAGGED_PROPOSERS', 'SPEC_STEP_COST', 'SolarOpen2HFConfig', 'solar_config_of',
-           'fp32_dots', 'refuse_speculative', 'spec_graphs_guard', 'SolarOpen2ConfigHook', 'spec_step_warning']
+__all__ = ['F32_ENV', 'SPEC_DECODE_ERROR', 'RAGGED_PROPOSERS', 'SPEC_STEP_COST', 'PAD_ARGS', 'SolarOpen2HFConfig',
+           'solar_config_of', 'fp32_dots', 'refuse_speculative', 'spec_graphs_guard', 'SolarOpen2ConfigHook',
+           'spec_step_warning', 'pad_drafts', 'pads_drafts', 'patch_ngram_proposer']
 
 # %% ../../nbs/08_vllm/02_config.ipynb #ab45c962
 _SOLAR_FIELDS = tuple(f.name for f in dataclasses.fields(SolarOpen2Config) if f.name != "extra")
@@ -153,4 +154,57 @@ def spec_step_warning(vllm_config)->str|None:
     msg = SPEC_STEP_COST.format(which=which, why=why)
     logging.getLogger("solar_open2").warning(msg)
     return msg
+
+
+# %% ../../nbs/08_vllm/02_config.ipynb #2ca4a4f5
+PAD_ARGS = ("num_speculative_tokens", "sampled_token_ids", "num_tokens_no_spec")   # what `pad_drafts` reads of a propose call
+
+def pad_drafts(drafts:list, # [reqs] the proposer's draft token ids per request (lists, maybe empty)
+               k:int, # drafts per request wanted
+               sampled:list, # [reqs] the tokens each request sampled last step (empty: it is not decoding)
+               num_tokens, # [reqs] each request's tokens so far, drafts not counted
+               max_model_len:int, # the engine's length limit
+              )->list: # [reqs] lists of exactly k ids where a request takes drafts
+    "Each decoding request gets `k` drafts (fewer only at the length limit): its own, then the last of them, or its last sampled token, repeated."
+    out = []
+    for d, s, n in zip(drafts, sampled, num_tokens):
+        d, want = [int(t) for t in d][:k], min(k, max_model_len - 1 - int(n))    # room: positions n .. max_model_len - 2
+        if len(s) and want > len(d): d += [d[-1] if d else int(s[-1])] * (want - len(d))
+        out.append(d)
+    return out
+
+
+# %% ../../nbs/08_vllm/02_config.ipynb #96167298
+def pads_drafts(vllm_config)->bool:
+    "Whether an engine's ngram drafts are padded: a Solar-Open2 model (`architectures`) with the option `spec_pad_drafts` on."
+    from solar_open2.vllm import ARCH, PROBE_ARCH
+    hf = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
+    return bool(set(getattr(hf, "architectures", None) or ()) & {ARCH, PROBE_ARCH}) and options_of(vllm_config).spec_pad_drafts
+
+def patch_ngram_proposer(cls=None)->bool:
+    """Wrap `cls` (vLLM's `NgramProposer`) once so that an engine for which `pads_drafts` holds gets `pad_drafts` of its
+    proposals; whether it is wrapped (False, with a warning, where the class or its `propose` arguments are not there)."""
+    import functools, inspect
+    if cls is None:
+        try: from vllm.v1.spec_decode.ngram_proposer import NgramProposer as cls
+        except ImportError: return False
+    if getattr(cls, "_solar_open2_pads", False): return True
+    init, propose = cls.__init__, cls.propose
+    sig = inspect.signature(propose)
+    if not set(PAD_ARGS) <= set(sig.parameters):
+        logging.getLogger("solar_open2").warning("solar_open2: %s.propose takes no %s: spec_pad_drafts does nothing on this vLLM",
+                                                 cls.__name__, ", ".join(sorted(set(PAD_ARGS) - set(sig.parameters))))
+        return False
+    @functools.wraps(init)
+    def __init__(self, vllm_config, *a, **kw):
+        self._solar_open2_pad = pads_drafts(vllm_config)
+        init(self, vllm_config, *a, **kw)
+    @functools.wraps(propose)
+    def wrapped(self, *a, **kw):
+        out = propose(self, *a, **kw)
+        if not getattr(self, "_solar_open2_pad", False): return out
+        b = sig.bind(self, *a, **kw).arguments
+        return pad_drafts(out, b["num_speculative_tokens"], b["sampled_token_ids"], b["num_tokens_no_spec"], self.max_model_len)
+    cls.__init__, cls.propose, cls._solar_open2_pads = __init__, wrapped, True
+    return True
 
