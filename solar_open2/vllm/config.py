@@ -128,7 +128,7 @@ class SolarOpen2ConfigHook:
         refuse_speculative(vllm_config)
         opts = options_of(vllm_config)                                        # an unknown or malformed option: a ValueError naming it
         spec_graphs_guard(vllm_config, opts)
-        spec_step_warning(vllm_config)                                        # after the guard: the mode the engine runs
+        spec_step_warning(vllm_config, opts)                                  # after the guard: the mode the engine runs
         fp32_dots(vllm_config, opts)                                          # before the workers start: they inherit it
     @classmethod
     def verify_and_update_model_config(cls, model_config)->None: return   # nothing to adjust in the ModelConfig
@@ -139,15 +139,17 @@ SPEC_STEP_COST = ("solar_open2: with speculative decoding, {which} off vLLM's fu
                   "rank of the real model on an H100 such a step took 49.4 ms against 6.26 ms without speculation "
                   "(2026-12-07): speculation pays only where drafts are accepted often enough to cover that")
 
-def spec_step_warning(vllm_config)->str|None:
-    "Warn (and return the message) when some or all steps of a speculative engine will run off the full CUDA graphs."
+def spec_step_warning(vllm_config, opts=None)->str|None:
+    """Warn (and return the message) when some or all steps of a speculative engine will run off the full CUDA graphs
+    (`opts`: its options, read from it when None; with `spec_pad_drafts` the ngram proposer's steps are all verifies)."""
     spec = getattr(vllm_config, "speculative_config", None)
     cc = getattr(vllm_config, "compilation_config", None)
     if spec is None or cc is None: return None
     mode = cc.cudagraph_mode                                                  # None: vLLM's default, FULL_AND_PIECEWISE
     if mode is not None and not mode.has_full_cudagraphs():
         which, why = "every step runs", f"cudagraph_mode {mode.name}: the KDA and attention layers run eagerly between the pieces"
-    elif getattr(spec, "method", None) in RAGGED_PROPOSERS:
+    elif getattr(spec, "method", None) in RAGGED_PROPOSERS and not (
+            spec.method == "ngram" and (opts or options_of(vllm_config)).spec_pad_drafts):
         which, why = "the steps in which no request drafts run", (f"the {spec.method} proposer drafts only where it finds a match, "
                                                           "and vLLM captures full graphs only for verifies of 1 + k tokens a request")
     else: return None
