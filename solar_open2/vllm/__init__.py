@@ -89,6 +89,6 @@ def register()->None:
     _register_model(PROBE_ARCH, PROBE_CLASS)
     _register_splitting_op()
     _register_config_hook(SolarOpen2ConfigHook)
-    patch_ngram_proposer()                                                    # acts only for our engines with spec_pad_drafts
+    patch_ngram_proposer((ARCH, PROBE_ARCH))                                  # acts only for our engines with spec_pad_drafts
     _register_parsers()
     _share_vllm_logging()

@@ -177,15 +177,16 @@ def pad_drafts(drafts:list, # [reqs] the proposer's draft token ids per request 
 
 
 # %% ../../nbs/08_vllm/02_config.ipynb #96167298
-def pads_drafts(vllm_config)->bool:
-    "Whether an engine's ngram drafts are padded: a Solar-Open2 model (`architectures`) with the option `spec_pad_drafts` on."
-    from solar_open2.vllm import ARCH, PROBE_ARCH
+def pads_drafts(vllm_config, archs:tuple)->bool:
+    "Whether an engine's ngram drafts are padded: a model of ours (`architectures` in `archs`) with the option `spec_pad_drafts` on."
     hf = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
-    return bool(set(getattr(hf, "architectures", None) or ()) & {ARCH, PROBE_ARCH}) and options_of(vllm_config).spec_pad_drafts
+    return bool(set(getattr(hf, "architectures", None) or ()) & set(archs)) and options_of(vllm_config).spec_pad_drafts
 
-def patch_ngram_proposer(cls=None)->bool:
-    """Wrap `cls` (vLLM's `NgramProposer`) once so that an engine for which `pads_drafts` holds gets `pad_drafts` of its
-    proposals; whether it is wrapped (False, with a warning, where the class or its `propose` arguments are not there)."""
+def patch_ngram_proposer(archs:tuple, # the plugin's architectures (`register` passes them)
+                         cls=None, # the proposer class; None: vLLM's `NgramProposer`
+                        )->bool:
+    """Wrap `cls` once so that an engine for which `pads_drafts` holds gets `pad_drafts` of its proposals; whether it
+    is wrapped (False, with a warning, where the class or its `propose` arguments are not there)."""
     import functools, inspect
     if cls is None:
         try: from vllm.v1.spec_decode.ngram_proposer import NgramProposer as cls
@@ -199,7 +200,7 @@ def patch_ngram_proposer(cls=None)->bool:
         return False
     @functools.wraps(init)
     def __init__(self, vllm_config, *a, **kw):
-        self._solar_open2_pad = pads_drafts(vllm_config)
+        self._solar_open2_pad = pads_drafts(vllm_config, archs)
         init(self, vllm_config, *a, **kw)
     @functools.wraps(propose)
     def wrapped(self, *a, **kw):
