@@ -22,9 +22,9 @@ def test_the_plain_align_sorts_pairs_by_expert_in_padded_blocks():
     assert s.tolist() == [1, 4, 3, 6, 0, 2, 5, 6] and e.tolist() == [0, 1, 2, 2] and n.tolist() == [8]
 
 def test_peaks_by_gpu_name():
-    from benchmarks.kernels.moe_batch import peaks
-    assert peaks("NVIDIA H100 80GB HBM3") == (3.35e12, 989.4e12) and peaks("NVIDIA H200") == (4.8e12, 989.4e12)
-    assert peaks("NVIDIA A100-SXM4-80GB")[0] == 4.8e12                           # not in the table: the H200's
+    from benchmarks.engine.perf.figures import gpu_peaks
+    assert gpu_peaks("NVIDIA H100 80GB HBM3") == (3.35e12, 989.4e12, "h100") and gpu_peaks("NVIDIA H200") == (4.8e12, 989.4e12, "h200")
+    assert gpu_peaks("NVIDIA A100-SXM4-80GB") == (4.8e12, 989.4e12, None)       # not in the table: the H200's
 
 @pytest.mark.slow
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):

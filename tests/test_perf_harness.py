@@ -799,7 +799,6 @@ def test_the_ceilings_are_the_gpu_it_ran_on(tmp_path, isolated_env):
     assert math.isclose(r["figures"]["prefill_ctx8192"]["decode_roofline_tok_s"], budget.decode_ceiling(3.35e12, cfg, 2, 8192))
     step = r["roofline"]["predicted_step_us"]["2048"]
     assert math.isclose(step["moe"], ph.predicted_step_us(cfg, 2, 2048, bandwidth=3.35e12)["moe"])
-    assert ph.gpu_peaks("NVIDIA H200")[::2] == (4.8e12, "h200") and ph.gpu_peaks("NVIDIA A100-SXM4-80GB")[::2] == (4.8e12, None)
 
 def test_only_and_variant_limit_the_measurements_and_name_the_files(tmp_path, isolated_env):
     rc, r = _fake_phase(tmp_path, isolated_env, ["--only", "decode,profile", "--variant", "fused"], "perf_h200_graphs_fused")

@@ -94,7 +94,9 @@ def test_the_plan_runs_baselines_first_and_only_what_is_asked():
     assert keys[:4] == ["compressed-tensors:eager:base", "compressed-tensors:graphs:base", "bf16:eager:base", "bf16:graphs:base"]
     assert len(keys) == 4 + 2 * (2 * 4) + 2 * 4                                  # 3 ngram + eagle per mode; 4 more in graphs
     assert {k.split(":")[2] for k in keys if k.endswith("_full")} == {"eagle3_dummy_full", "eagle3_k3_full", "ngram_k3_full"}
-    assert [(r[3]["num_speculative_tokens"], r[4]) for r in runs if r[2] == "ngram_k3_pad"] == [(3, "FULL_AND_PIECEWISE")] * 2
+    assert [(r[3]["num_speculative_tokens"], r[4], r[5]) for r in runs if r[2] == "ngram_k3_pad"] == \
+        [(3, "FULL_AND_PIECEWISE", {"spec_pad_drafts": True})] * 2
+    assert {r[5] for r in runs if r[2] != "ngram_k3_pad"} == {None}                # no other run asks for more options
     assert [r[3]["method"] for r in runs if r[2] == "ngram_k3_full"] == ["ngram"] * 2
     assert {r[4] for r in runs if r[2].endswith("_full")} == {"FULL_AND_PIECEWISE"} and {r[4] for r in runs if r[2] == "eagle3_dummy"} == {None}
     only = S.plan(["bf16"], ["eager", "graphs"], [3], "eagle3", Path("/d"), ["bf16:graphs:eagle3_k3_full"])
@@ -231,21 +233,25 @@ def test_an_engine_gets_what_is_left_of_the_deadline_plus_the_grace():
     assert child_timeout(300, 0, grace_s=30) == 330
 
 
-def test_a_pad_run_asks_the_child_for_padded_drafts_and_the_engine_for_the_option(monkeypatch):
-    """`ngram_k3_pad`: its child gets `--child-pad-drafts`, which the child's parser reads, and its engine the options
-    `spec_full_graphs` and `spec_pad_drafts`; the other full-graph runs only the first."""
+def test_a_run_with_options_hands_them_to_its_child_and_its_engine(monkeypatch):
+    """A run's plugin options (`ngram_k3_pad`: `spec_pad_drafts`) reach its child as `--child-options`, which the child's
+    parser reads, and its engine's `additional_config` beside `spec_full_graphs`; a run without options gets only that."""
     import argparse, types
     a = argparse.Namespace(tokens=8, weights="trained", norm_probe=False)
-    cmd = S.child_command(a, Path("/ck"), "graphs", Path("/o.json"), S.ngram_config(3), "FULL_AND_PIECEWISE", True)
-    assert "--child-pad-drafts" in cmd and "--child-pad-drafts" not in S.child_command(a, Path("/ck"), "graphs", Path("/o.json"), None, None)
+    pad = next(r for r in S.plan(["bf16"], ["graphs"], [3], None, None) if r[2] == "ngram_k3_pad")
+    cmd = S.child_command(a, Path("/ck"), "graphs", Path("/o.json"), pad[3], pad[4], pad[5])
+    assert json.loads(cmd[cmd.index("--child-options") + 1]) == {"spec_pad_drafts": True}
+    assert "--child-options" not in S.child_command(a, Path("/ck"), "graphs", Path("/o.json"), None, None)
     seen = []
     class LLM:                                                         # what run_engine hands vLLM, then stop
         def __init__(self, **kw): seen.append(kw); raise RuntimeError("stop")
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=None))
     monkeypatch.setattr(S, "plugin_entry_point", lambda: True)
-    for pad, want in ((True, {"spec_full_graphs": True, "spec_pad_drafts": True}), (False, {"spec_full_graphs": True})):
-        with pytest.raises(RuntimeError, match="stop"):
-            S.run_engine("/m", "graphs", 8, S.ngram_config(3), "trained", cudagraph_mode="FULL_AND_PIECEWISE", pad_drafts=pad)
+    child = lambda argv: (S.main(argv + ["--child-model", "/m", "--child-mode", "graphs", "--child-out", "/o.json",
+                                         "--child-spec", json.dumps(S.ngram_config(3)), "--child-cudagraph-mode", "FULL_AND_PIECEWISE"]))
+    for extra, want in ((["--child-options", json.dumps(pad[5])], {"spec_full_graphs": True, "spec_pad_drafts": True}),
+                        ([], {"spec_full_graphs": True})):
+        with pytest.raises(RuntimeError, match="stop"): child(extra)    # through the child's own parser
         assert seen[-1]["additional_config"] == {"solar_open2": want}
     from solar_open2.vllm.options import parse_options
     assert parse_options(seen[0]["additional_config"]).spec_pad_drafts                 # a valid option set, kept on

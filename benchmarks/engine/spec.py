@@ -116,11 +116,11 @@ def delta(a: dict, b: dict) -> dict:
 # ---- child: one engine ---------------------------------------------------------------------------------------------
 
 def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weights: str, kv_bytes: int = KV_BYTES,
-               cudagraph_mode: str | None = None, norm_probe: bool = False, pad_drafts: bool = False) -> dict:
+               cudagraph_mode: str | None = None, norm_probe: bool = False, options: dict | None = None) -> dict:
     """Greedy generation of every prompt alone and as one batch, with `spec` as vLLM's speculative_config (None: off);
     `cudagraph_mode` (graphs mode): vLLM's, e.g. PIECEWISE (default: the plugin's, PIECEWISE with speculation); a full
-    mode with `spec` also sets the plugin's option `spec_full_graphs`, which keeps it, and `pad_drafts` its option
-    `spec_pad_drafts` (ngram drafts padded to k, so every decode step replays the full graph). `norm_probe`: the model watches
+    mode with `spec` also sets the plugin's option `spec_full_graphs`, which keeps it; `options`: more plugin options
+    (e.g. `spec_pad_drafts`: ngram drafts padded to k, so every decode step replays the full graph). `norm_probe`: the model watches
     every layer's output (`SOLAR_OPEN2_NORM_PROBE`, set by the parent), and the tables of the single and the batched
     calls are returned apart (`norms_single`, `norms_batched`; reset after start-up and between the two)."""
     if not plugin_entry_point(): raise RuntimeError("the solar_open2 vllm.general_plugins entry point is not visible")
@@ -129,8 +129,8 @@ def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weig
               max_num_seqs=8, gpu_memory_utilization=0.08, kv_cache_memory_bytes=kv_bytes, enable_prefix_caching=False,
               disable_log_stats=False)
     if spec: kw["speculative_config"] = spec
-    if spec and cudagraph_mode and "FULL" in cudagraph_mode:                  # the plugin would make it PIECEWISE (spec_graphs_guard)
-        kw["additional_config"] = {"solar_open2": {"spec_full_graphs": True, **({"spec_pad_drafts": True} if pad_drafts else {})}}
+    full = bool(spec and cudagraph_mode and "FULL" in cudagraph_mode)       # the plugin would make it PIECEWISE (spec_graphs_guard)
+    if full or options: kw["additional_config"] = {"solar_open2": {**({"spec_full_graphs": True} if full else {}), **(options or {})}}
     if norm_probe: kw["worker_extension_cls"] = "solar_open2.vllm.model.LaunchProbe"
     if mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64],
@@ -160,7 +160,8 @@ def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weig
 
 def child_main(a) -> int:
     res = run_engine(a.child_model, a.child_mode, a.tokens, json.loads(a.child_spec) if a.child_spec else None, a.weights,
-                     cudagraph_mode=a.child_cudagraph_mode, norm_probe=a.norm_probe, pad_drafts=a.child_pad_drafts)
+                     cudagraph_mode=a.child_cudagraph_mode, norm_probe=a.norm_probe,
+                     options=json.loads(a.child_options) if a.child_options else None)
     Path(a.child_out).write_text(json.dumps(res))
     return 0
 
@@ -173,7 +174,8 @@ def ngram_config(k: int) -> dict:
 
 
 def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: list | None = None) -> list:
-    """(format, mode, name, speculative_config or None, cudagraph_mode or None) of every engine, baselines first. In
+    """(format, mode, name, speculative_config or None, cudagraph_mode or None, plugin options or None) of every engine,
+    baselines first. In
     graphs mode the plugin asks for piecewise graphs when speculation is on (`spec_graphs_guard`); the draft head also
     runs with full graphs asked for explicitly (`eagle3_dummy_full`, and with 3 draft tokens `eagle3_k3_full`, through the
     option `spec_full_graphs`), the mode that was wrong batched in runs 1-3 and hit an illegal memory access in the probe
@@ -181,19 +183,19 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
     which tells the target's verify from the drafter, and `ngram_k3_pad` the same with the option `spec_pad_drafts`
     (every decode step a verify of 1 + 3 tokens a request). `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
     (and their baselines)."""
-    runs = [(f, m, "base", None, None) for f in formats for m in modes]
+    runs = [(f, m, "base", None, None, None) for f in formats for m in modes]
     for f in formats:
         for m in modes:
-            runs += [(f, m, f"ngram_k{k}", ngram_config(k), None) for k in ks]
+            runs += [(f, m, f"ngram_k{k}", ngram_config(k), None, None) for k in ks]
             if m == "graphs":                                                  # the full-graph fault without a draft model:
-                runs.append((f, m, "ngram_k3_full", ngram_config(3), "FULL_AND_PIECEWISE"))   # the target's verify, or the drafter?
-                runs.append((f, m, "ngram_k3_pad", ngram_config(3), "FULL_AND_PIECEWISE"))    # and every step a uniform verify
+                runs.append((f, m, "ngram_k3_full", ngram_config(3), "FULL_AND_PIECEWISE", None))   # the target's verify, or the drafter?
+                runs.append((f, m, "ngram_k3_pad", ngram_config(3), "FULL_AND_PIECEWISE", {"spec_pad_drafts": True}))   # every step a verify
             if draft == "eagle3":
                 eagle = lambda k: {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
-                runs.append((f, m, "eagle3_dummy", eagle(PUBLISHED_BLOCK), None))
+                runs.append((f, m, "eagle3_dummy", eagle(PUBLISHED_BLOCK), None, None))
                 if m == "graphs":
-                    runs += [(f, m, "eagle3_dummy_full", eagle(PUBLISHED_BLOCK), "FULL_AND_PIECEWISE"),
-                             (f, m, "eagle3_k3_full", eagle(3), "FULL_AND_PIECEWISE")]
+                    runs += [(f, m, "eagle3_dummy_full", eagle(PUBLISHED_BLOCK), "FULL_AND_PIECEWISE", None),
+                             (f, m, "eagle3_k3_full", eagle(3), "FULL_AND_PIECEWISE", None)]
     if only:
         keep = {k for k in only} | {":".join(k.split(":")[:2] + ["base"]) for k in only}
         runs = [r for r in runs if ":".join(r[:3]) in keep]
@@ -312,11 +314,11 @@ def judge(report: dict) -> list:
     return fails
 
 
-def child_command(a, ck: Path, mode: str, outf: Path, spec: dict | None, cg: str | None, pad: bool = False) -> list:
+def child_command(a, ck: Path, mode: str, outf: Path, spec: dict | None, cg: str | None, options: dict | None = None) -> list:
     "The command of one engine's child process, from the parent's arguments `a` (`--norm-probe` passed on)."
     return ([sys.executable, "-m", MODULE, "--child-model", str(ck), "--child-mode", mode, "--child-out", str(outf),
              "--tokens", str(a.tokens), "--weights", a.weights] + (["--norm-probe"] if a.norm_probe else [])
-            + (["--child-pad-drafts"] if pad else [])
+            + (["--child-options", json.dumps(options)] if options else [])
             + (["--child-spec", json.dumps(spec)] if spec else []) + (["--child-cudagraph-mode", cg] if cg else []))
 
 
@@ -346,7 +348,7 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--norm-probe", action="store_true",
                     help="every engine watches each layer's output (SOLAR_OPEN2_NORM_PROBE); the report says, per run and part, "
                          "the first layer output with a non-finite value and the rows far from the baseline's (norm_findings)")
-    ap.add_argument("--child-cudagraph-mode"); ap.add_argument("--child-pad-drafts", action="store_true")
+    ap.add_argument("--child-cudagraph-mode"); ap.add_argument("--child-options", help="more plugin options, as JSON")
     a = ap.parse_args(argv)
     if any(k < 1 for k in a.ks): ap.error(f"--ks: draft token counts must be >= 1, got {a.ks}")
     if a.child_model: return child_main(a)
@@ -377,15 +379,16 @@ def main(argv: list | None = None) -> int:
     Path(a.out).mkdir(parents=True, exist_ok=True)
 
     def one(run):
-        fmt, mode, name, spec, cg = run
+        fmt, mode, name, spec, cg, opts = run
         key = f"{fmt}:{mode}:{name}"
         if time.time() - t_start > a.deadline_s: return key, {"error": "not run (deadline)"}
         ck = work / f"tiny_{fmt.replace('-', '_')}"; outf = work / f"{key.replace(':', '_')}.json"
         t = time.time()
         logf = Path(a.out) / f"{a.name}_{key.replace(':', '_')}.log"            # streamed: a hung engine leaves its log
-        rc = run_logged(child_command(a, ck, mode, outf, spec, cg, name.endswith("_pad")), logf, child_timeout(a.deadline_s, time.time() - t_start), env, ROOT)
+        rc = run_logged(child_command(a, ck, mode, outf, spec, cg, opts), logf, child_timeout(a.deadline_s, time.time() - t_start), env, ROOT)
         if rc != 0: return key, {"error": f"rc {rc}: {logf.read_text(errors='replace')[-1500:]}"}
         res = json.loads(outf.read_text()); res["wall_s"] = round(time.time() - t, 1); res["spec"] = spec; res["cudagraph_mode_asked"] = cg
+        res["options_asked"] = opts
         res["kda_op_splits_graphs"] = "vllm::solar_open2_kda_attention" in (res.get("splitting_ops") or [])
         return key, res
 

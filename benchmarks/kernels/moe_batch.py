@@ -67,11 +67,6 @@ GATE_RULE = (f"every path's output on its first {CHECK_TOKENS} tokens is within 
              "fp32 version (moe_decode_torch) at every token count timed, and finite")
 
 
-def peaks(gpu:str)->tuple:
-    "(bandwidth, dense BF16 FLOP/s) of the GPU named `gpu`: perf's `gpu_peaks` (H200 when the name is not in the table)."
-    from benchmarks.engine.perf.figures import gpu_peaks
-    return gpu_peaks(gpu)[:2]
-
 def shared_global_scale(w13):
     "`w13` with the up rows' global scale set to the gate rows' (one scale per expert, what Marlin and one launch need)."
     from solar_open2.vllm.ops.moe_decode import NVFP4Experts
@@ -197,7 +192,8 @@ def run(tokens=TOKENS, tiles=TILES, reps:int=20, deadline_s:float=240.0, out_pat
     E, K, I, H, k = (shp[x] for x in ("E", "K", "I", "H", "topk"))
     res = {**result_head("moe_batch", device, ROOT, schema=1), "shapes": shp, "rotations": rotations, "tiles": [list(t) for t in tiles],
            "check_tokens": CHECK_TOKENS, "check_limit": CHECK_LIMIT, "checks": [], "timings": [], "skipped": [], "errors": []}
-    bw, flops_peak = peaks(res["gpu"])
+    from benchmarks.engine.perf.figures import gpu_peaks
+    bw, flops_peak, _ = gpu_peaks(res["gpu"])
     res["peaks"] = {"bandwidth_Bps": bw, "bf16_flops": flops_peak}
     save = json_writer(res, out_paths, gate, GATE_RULE)
     w13, w2 = random_experts(E, K, I, H, device)

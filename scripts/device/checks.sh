@@ -84,6 +84,8 @@ if [ "$TOGETHER" = 1 ]; then
   for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch|moe-profile|prefill-profile) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
 fi
 
+draft_ab() { printf '%s=--draft-head %s --spec-full-graphs' "$1" "$2"; }   # a random EAGLE-3 head of K tokens, full graphs
+
 job() {
   local name=$1; shift
   local t0=$SECONDS
@@ -133,7 +135,7 @@ run_one() {
              --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" "${PARITY_EXTRA[@]}" ;;
     spec-rank) read -r -a SR_EXTRA <<< "${SPEC_RANK_ARGS:-}"
       ab=(); for k in ${SPEC_KS:-0 1 3}; do
-        if [ "$k" = 0 ]; then ab+=(--ab "k0="); else ab+=(--ab "k$k=--draft-head $k --spec-full-graphs"); fi
+        if [ "$k" = 0 ]; then ab+=(--ab "k0="); else ab+=(--ab "$(draft_ab "k$k" "$k")"); fi
       done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SR_EXTRA[@]}" "${ab[@]}" ;;
@@ -151,7 +153,7 @@ run_one() {
         ngram_pad) vs+=(--ab "ngram${K}_pad=--ngram $K --spec-full-graphs --spec-pad-drafts") ;;
         *) echo "checks.sh: SPEC_E2E_VARIANTS takes ngram, ngram_full and ngram_pad, got '$v'" >&2; return 2 ;;
       esac; done
-      for k in ${SPEC_E2E_DRAFT_KS:-}; do vs+=(--ab "draft$k=--draft-head $k --spec-full-graphs"); done
+      for k in ${SPEC_E2E_DRAFT_KS:-}; do vs+=(--ab "$(draft_ab "draft$k" "$k")"); done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SE_EXTRA[@]}" "${vs[@]}" ;;
     prefill-profile) read -r -a PP_EXTRA <<< "${PREFILL_PROFILE_ARGS:-}"

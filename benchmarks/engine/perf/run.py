@@ -7,7 +7,7 @@ import contextlib, json, os, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 
 from solar_open2.config import SolarOpen2Config
-from benchmarks.common import ROOT, run_logged
+from benchmarks.common import ROOT, child_timeout, run_logged
 from benchmarks.engine.perf.cli import CONFIG_NOTES, OPTIONS_KEY, PHASES, PLUGIN_KEYS, model_config, kv_prediction, run_name, strip_flags
 from benchmarks.engine.perf.enginelog import compare_kv, parse_engine_log
 from benchmarks.engine.perf.figures import (H200_BANDWIDTH, H200_BF16_FLOPS, batch_stats, decode_roofline, gpu_peaks, first_token_sanity, output_sanity,
@@ -614,9 +614,10 @@ def run_ab(a, argv:list)->int:
         print(f"[perf_h200] ab: {' '.join(cmd)}", flush=True)
         log = Path(a.out or a.results_dir) / f"ab_{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        code = run_logged(cmd, log, share + AB_GRACE_S, env=child_env(), cwd=ROOT)
+        limit = child_timeout(share, 0.0, AB_GRACE_S)                     # its share of the deadline, then the grace
+        code = run_logged(cmd, log, limit, env=child_env(), cwd=ROOT)
         print("".join(log.read_text(errors="replace").splitlines(keepends=True)[-12:]), end="", flush=True)
-        if code == 124: print(f"[perf_h200] ab: {name} still running {share + AB_GRACE_S:.0f} s after its start: killed "
+        if code == 124: print(f"[perf_h200] ab: {name} still running {limit:.0f} s after its start: killed "
                               f"(stacks in {log}); the next variant starts", flush=True)
         rc = max(rc, code)
     return max(rc, write_ab(a, argv, read_ab_runs(a)))
