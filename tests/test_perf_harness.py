@@ -1155,7 +1155,10 @@ def test_an_ngram_run_serves_vllms_prompt_lookup_and_reports_what_each_verify_st
                                     block_size=16, prefix_caching=False, max_num_seqs=64, cfg=ph.model_config("tiny"),
                                     num_speculative_tokens=argv).max_concurrency
     assert ph.kv_prediction(a)["max_concurrency"] == pred(3) != pred(0)
-    s = ph.settings(a, "graphs"); assert (s["ngram"], s["prompt_period"]) == (3, 64)
+    s = ph.settings(a, "graphs"); assert (s["ngram"], s["ngram_gpu"], s["prompt_period"]) == (3, False, 64)
+    g = ph.parse_args(["--config", "tiny", "--phase", "graphs", "--ngram", "3", "--ngram-gpu"])    # the GPU proposer
+    assert ph.engine_kwargs(g, tmp_path, "graphs")["speculative_config"]["method"] == "ngram_gpu" and ph.settings(g, "graphs")["ngram_gpu"]
+    with pytest.raises(SystemExit): ph.parse_args(["--config", "tiny", "--ngram-gpu"])             # needs --ngram K
     p = ph.token_prompt(200, 1024, 5, period=64)
     assert len(p) == 200 and p[64:128] == p[:64] and p[128:] == p[:72] and len(set(p[:64])) > 40
     assert ph.token_prompt(200, 1024, 5) != p and ph.token_prompt(10, 1024, 5, period=64) == ph.token_prompt(10, 1024, 5)

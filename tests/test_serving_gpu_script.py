@@ -202,8 +202,9 @@ def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):
 
 
 def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_path):
-    """checks.sh spec-e2e (issue 27): one perf A/B at the rank config, no speculation then ngram k = 3 under the piecewise
-    guard and with full graphs, on a periodic 2K prompt; every variant's flags parse in perf's own parser; timed, so
+    """checks.sh spec-e2e (issue 27): one perf A/B at the rank config, no speculation then ngram k = 3 with full graphs and
+    drafts padded to k, by the host and by the GPU proposer (or, asked, under the piecewise guard and unpadded), on a
+    periodic 2K prompt; every variant's flags parse in perf's own parser; timed, so
     TOGETHER=1 refuses it."""
     from benchmarks.engine import perf as ph
     site, log = fake_site(tmp_path, args=True)
@@ -217,12 +218,17 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     assert (a.config, a.phase, a.only, a.decode_contexts, a.prompt_period, a.deadline_s) == ("rank", "ab", ("decode",), [2048], 64, 500)
     assert (a.kv_cache_memory_bytes, a.max_num_seqs) == ("2G", 2)                # SPEC_E2E_ARGS reach perf
     assert a.log_stats                                                           # the baseline logs stats as the ngram variants must
-    assert a.ab_variants == [("base", []), ("ngram3", ["--ngram", "3"]), ("ngram3_full", ["--ngram", "3", "--spec-full-graphs"]),
-                             ("ngram3_pad", ["--ngram", "3", "--spec-full-graphs", "--spec-pad-drafts"])]
+    assert a.ab_variants == [("base", []), ("ngram3_pad", ["--ngram", "3", "--spec-full-graphs", "--spec-pad-drafts"]),
+                             ("ngram3_gpu_pad", ["--ngram", "3", "--ngram-gpu", "--spec-full-graphs", "--spec-pad-drafts"])]
     for _, flags in a.ab_variants:                                               # each variant's engine arguments parse
         v = ph.parse_args(argv[2:] + flags)
         assert v.ngram == (3 if flags else None) and v.spec_full_graphs == (True if "--spec-full-graphs" in flags else None)
-        assert v.spec_pad_drafts == (True if "--spec-pad-drafts" in flags else None)
+        assert v.spec_pad_drafts == (True if "--spec-pad-drafts" in flags else None) and v.ngram_gpu == ("--ngram-gpu" in flags)
+    log.unlink()
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
+                       env={**env, "SPEC_E2E_VARIANTS": "ngram ngram_full"})
+    assert ph.parse_args(log.read_text().splitlines()[2:]).ab_variants[1:] == [
+        ("ngram3", ["--ngram", "3"]), ("ngram3_full", ["--ngram", "3", "--spec-full-graphs"])]   # the piecewise guard, full graphs
     log.unlink()                                                                 # the verify cost's variants in the same job
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "SPEC_E2E_DRAFT_KS": "3 7", "SPEC_E2E_VARIANTS": "ngram_full"})
@@ -232,7 +238,7 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     assert ph.parse_args(log.read_text().splitlines()[2:] + a.ab_variants[3][1]).draft_head == 7
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "SPEC_E2E_VARIANTS": "ngram bogus"})
-    assert "SPEC_E2E_VARIANTS takes ngram, ngram_full and ngram_pad, got 'bogus'" in r.stderr
+    assert "SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad and ngram_gpu_pad, got 'bogus'" in r.stderr
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "spec-e2e times or profiles kernels" in r.stderr

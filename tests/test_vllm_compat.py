@@ -253,3 +253,38 @@ def test_register_wraps_the_ngram_proposer_and_its_drafts_pad():
     assert p.propose(*args) == [[3, 1, 2], []]                          # the proposer's own: a match, and none
     p._solar_open2_pad = True
     assert p.propose(*args) == [[3, 1, 2], [8, 8, 8]]
+
+
+def test_register_wraps_the_gpu_ngram_proposer_and_its_drafts_pad(monkeypatch):
+    """`register()` wraps this release's `NgramProposerGPU` too (`ngram_gpu`, which keeps asynchronous scheduling): its
+    own match-finding kernel runs uncompiled on the CPU; an engine of ours with `spec_pad_drafts` gets k drafts a
+    decoding request (a match keeps its own, no match repeats the sampled token) and their count, a request that sampled
+    nothing keeps none; without the option the tensors come back as they were."""
+    import contextlib, inspect
+    import torch
+    gpu_mod = pytest.importorskip("vllm.v1.spec_decode.ngram_proposer_gpu")
+    from solar_open2.vllm import register
+    register()
+    NgramProposerGPU, NgramGPUKernel = gpu_mod.NgramProposerGPU, gpu_mod.NgramGPUKernel
+    assert NgramProposerGPU._solar_open2_pads
+    monkeypatch.setattr(gpu_mod, "set_forward_context", lambda *a, **k: contextlib.nullcontext())   # needs a whole VllmConfig
+    kern = object.__new__(NgramGPUKernel); torch.nn.Module.__init__(kern)   # the compiled module's own forward, uncompiled
+    p = object.__new__(NgramProposerGPU)
+    for o in (p, kern):
+        o.k, o.min_n, o.max_n, o.max_model_len, o.max_num_seqs, o.device = 3, 2, 4, 64, 4, torch.device("cpu")
+    p.vllm_config, p.kernel = None, (lambda *a: NgramGPUKernel.forward(kern, *a))
+
+    def call():
+        tok = torch.zeros((3, 64), dtype=torch.int32)
+        tok[0, :7] = torch.tensor([1, 2, 3, 1, 2, 3, 1]); tok[1, :3] = torch.tensor([5, 6, 7]); tok[2, :3] = torch.tensor([5, 6, 7])
+        kw = dict(num_tokens_no_spec=torch.tensor([7, 3, 3], dtype=torch.int32), token_ids_gpu=tok,
+                  valid_sampled_token_ids_gpu=torch.tensor([[2, -1, -1, -1], [8, -1, -1, -1], [-1, -1, -1, -1]], dtype=torch.int32),
+                  valid_sampled_tokens_count=torch.tensor([1, 1, 0], dtype=torch.int32))
+        if "num_speculative_tokens" in inspect.signature(NgramProposerGPU.propose).parameters:   # 0.25.1 and 0.26.0
+            kw["num_speculative_tokens"] = 3
+        d, nv = p.propose(**kw)
+        return d.tolist(), nv.tolist()
+    p._solar_open2_pad = False
+    assert call() == ([[3, 1, 2], [-1, -1, -1], [-1, -1, -1]], [3, 0, 0])     # the proposer's own: a match, none, none
+    p._solar_open2_pad = True
+    assert call() == ([[3, 1, 2], [8, 8, 8], [-1, -1, -1]], [3, 3, 0])

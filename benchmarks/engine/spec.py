@@ -168,9 +168,14 @@ def child_main(a) -> int:
 
 # ---- parent ----------------------------------------------------------------------------------------------------------
 
-def ngram_config(k: int) -> dict:
-    "vLLM's speculative_config for ngram with up to `k` draft tokens a step: prompt lookup over n-grams of 2 to 4 tokens."
-    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+NGRAM_METHODS = ("ngram", "ngram_gpu")    # vLLM's proposers by prompt lookup: on the host (no async scheduling), on the GPU
+
+
+def ngram_config(k: int, method: str = "ngram") -> dict:
+    """vLLM's speculative_config for ngram with up to `k` draft tokens a step: prompt lookup over n-grams of 2 to 4 tokens,
+    by `method` (`ngram`: on the host; `ngram_gpu`: on the GPU, where vLLM keeps asynchronous scheduling)."""
+    if method not in NGRAM_METHODS: raise ValueError(f"ngram_config: method {method!r} is not one of {NGRAM_METHODS}")
+    return {"method": method, "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
 def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: list | None = None) -> list:
@@ -181,7 +186,9 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
     option `spec_full_graphs`), the mode that was wrong batched in runs 1-3 and hit an illegal memory access in the probe
     run, only where a batch is padded to a capture size; `ngram_k3_full` asks for the same graphs with no draft model,
     which tells the target's verify from the drafter, and `ngram_k3_pad` the same with the option `spec_pad_drafts`
-    (every decode step a verify of 1 + 3 tokens a request). `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
+    (every decode step a verify of 1 + 3 tokens a request); `ngram_gpu_k3_pad` pads vLLM's GPU proposer the same way, with
+    asynchronous scheduling on (as for the EAGLE-3 head, and unlike `ngram`), so a wrong batched full-graph verify
+    there and not in `ngram_k3_pad` points at the scheduling. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
     (and their baselines)."""
     runs = [(f, m, "base", None, None, None) for f in formats for m in modes]
     for f in formats:
@@ -190,6 +197,8 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
             if m == "graphs":                                                  # the full-graph fault without a draft model:
                 runs.append((f, m, "ngram_k3_full", ngram_config(3), "FULL_AND_PIECEWISE", None))   # the target's verify, or the drafter?
                 runs.append((f, m, "ngram_k3_pad", ngram_config(3), "FULL_AND_PIECEWISE", {"spec_pad_drafts": True}))   # every step a verify
+                runs.append((f, m, "ngram_gpu_k3_pad", ngram_config(3, "ngram_gpu"), "FULL_AND_PIECEWISE",
+                             {"spec_pad_drafts": True}))                       # the same, asynchronous scheduling on
             if draft == "eagle3":
                 eagle = lambda k: {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
                 runs.append((f, m, "eagle3_dummy", eagle(PUBLISHED_BLOCK), None, None))

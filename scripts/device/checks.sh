@@ -29,8 +29,9 @@
 #                 with ngram k = 3 under the plugin's piecewise guard and with full graphs (--spec-full-graphs), as an A/B
 #                 of benchmarks.engine.perf into $OUT/spec-e2e/: tok/s, acceptance, mean accepted length (about 150 s an engine;
 #                 SPEC_E2E_ARGS: more perf options; SPEC_E2E_VARIANTS: which ngram engines follow the baseline (default
-#                 "ngram ngram_full ngram_pad": piecewise guard, full graphs, full graphs with drafts padded to K, option
-#                 spec_pad_drafts); SPEC_E2E_DRAFT_KS="3": also spec-rank's random EAGLE-3 head of K tokens per K, every
+#                 "ngram_pad ngram_gpu_pad"; of ngram: piecewise guard, ngram_full: full graphs, ngram_pad: full graphs with
+#                 drafts padded to K (option spec_pad_drafts), ngram_gpu_pad: the same with vLLM's GPU proposer, which
+#                 keeps asynchronous scheduling); SPEC_E2E_DRAFT_KS="3": also spec-rank's random EAGLE-3 head of K tokens per K, every
 #                 draft rejected, so that one job and one baseline give the verify step's cost too)
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
@@ -147,11 +148,12 @@ run_one() {
         --ab "default=" --ab "marlin_decode=--moe-marlin-kernels" --ab "emulation=--moe-backend emulation" ;;
     spec-e2e) read -r -a SE_EXTRA <<< "${SPEC_E2E_ARGS:-}"
       K=${SPEC_E2E_K:-3}; vs=(--ab "base=")
-      for v in ${SPEC_E2E_VARIANTS:-ngram ngram_full ngram_pad}; do case $v in
+      for v in ${SPEC_E2E_VARIANTS:-ngram_pad ngram_gpu_pad}; do case $v in
         ngram) vs+=(--ab "ngram$K=--ngram $K") ;;
         ngram_full) vs+=(--ab "ngram${K}_full=--ngram $K --spec-full-graphs") ;;
         ngram_pad) vs+=(--ab "ngram${K}_pad=--ngram $K --spec-full-graphs --spec-pad-drafts") ;;
-        *) echo "checks.sh: SPEC_E2E_VARIANTS takes ngram, ngram_full and ngram_pad, got '$v'" >&2; return 2 ;;
+        ngram_gpu_pad) vs+=(--ab "ngram${K}_gpu_pad=--ngram $K --ngram-gpu --spec-full-graphs --spec-pad-drafts") ;;
+        *) echo "checks.sh: SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad and ngram_gpu_pad, got '$v'" >&2; return 2 ;;
       esac; done
       for k in ${SPEC_E2E_DRAFT_KS:-}; do vs+=(--ab "$(draft_ab "draft$k" "$k")"); done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \

@@ -76,7 +76,7 @@ def _share_vllm_logging()->None:
 _warned_version = False
 
 def register()->None:
-    "vLLM general plugin (`vllm.general_plugins`): register the config, the model classes, the KDA splitting ops, the config hook, the parsers; wrap the ngram proposer (`spec_pad_drafts`)."
+    "vLLM general plugin (`vllm.general_plugins`): register the config, the model classes, the KDA splitting ops, the config hook, the parsers; wrap the ngram proposers (`spec_pad_drafts`)."
     global _warned_version
     import vllm
     from .config import SolarOpen2HFConfig, SolarOpen2ConfigHook, patch_ngram_proposer
@@ -90,5 +90,6 @@ def register()->None:
     _register_splitting_op()
     _register_config_hook(SolarOpen2ConfigHook)
     patch_ngram_proposer((ARCH, PROBE_ARCH))                                  # acts only for our engines with spec_pad_drafts
+    patch_ngram_proposer((ARCH, PROBE_ARCH), gpu=True)                        # and vLLM's GPU ngram proposer (ngram_gpu)
     _register_parsers()
     _share_vllm_logging()

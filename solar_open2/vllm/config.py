@@ -11,9 +11,10 @@ from ..config import SolarOpen2Config, REQUIRED_KEYS
 from .options import options_of
 
 # %% auto #0
-__all__ = ['F32_ENV', 'SPEC_DECODE_ERROR', 'RAGGED_PROPOSERS', 'SPEC_STEP_COST', 'PAD_ARGS', 'SolarOpen2HFConfig',
-           'solar_config_of', 'fp32_dots', 'refuse_speculative', 'spec_graphs_guard', 'SolarOpen2ConfigHook',
-           'spec_step_warning', 'pad_drafts', 'pads_drafts', 'patch_ngram_proposer']
+__all__ = ['F32_ENV', 'SPEC_DECODE_ERROR', 'RAGGED_PROPOSERS', 'PADDED_PROPOSERS', 'SPEC_STEP_COST', 'PAD_ARGS', 'PAD_ARGS_GPU',
+           'SolarOpen2HFConfig', 'solar_config_of', 'fp32_dots', 'refuse_speculative', 'spec_graphs_guard',
+           'SolarOpen2ConfigHook', 'spec_step_warning', 'pad_drafts', 'pad_drafts_gpu', 'pads_drafts',
+           'patch_ngram_proposer']
 
 # %% ../../nbs/08_vllm/02_config.ipynb #ab45c962
 _SOLAR_FIELDS = tuple(f.name for f in dataclasses.fields(SolarOpen2Config) if f.name != "extra")
@@ -135,13 +136,14 @@ class SolarOpen2ConfigHook:
 
 # %% ../../nbs/08_vllm/02_config.ipynb #d42857b1
 RAGGED_PROPOSERS = ("ngram", "ngram_gpu", "suffix")          # draft only where they find a match: some steps verify nothing
+PADDED_PROPOSERS = ("ngram", "ngram_gpu")                    # what `spec_pad_drafts` pads to k drafts a request
 SPEC_STEP_COST = ("solar_open2: with speculative decoding, {which} off vLLM's full CUDA graphs ({why}); at one TP2 "
                   "rank of the real model on an H100 such a step took 49.4 ms against 6.26 ms without speculation "
                   "(2026-12-07): speculation pays only where drafts are accepted often enough to cover that")
 
 def spec_step_warning(vllm_config, opts=None)->str|None:
     """Warn (and return the message) when some or all steps of a speculative engine will run off the full CUDA graphs
-    (`opts`: its options, read from it when None; with `spec_pad_drafts` the ngram proposer's steps are all verifies)."""
+    (`opts`: its options, read from it when None; with `spec_pad_drafts` the ngram proposers' steps are all verifies)."""
     spec = getattr(vllm_config, "speculative_config", None)
     cc = getattr(vllm_config, "compilation_config", None)
     if spec is None or cc is None: return None
@@ -149,7 +151,7 @@ def spec_step_warning(vllm_config, opts=None)->str|None:
     if mode is not None and not mode.has_full_cudagraphs():
         which, why = "every step runs", f"cudagraph_mode {mode.name}: the KDA and attention layers run eagerly between the pieces"
     elif getattr(spec, "method", None) in RAGGED_PROPOSERS and not (
-            spec.method == "ngram" and (opts or options_of(vllm_config)).spec_pad_drafts):
+            spec.method in PADDED_PROPOSERS and (opts or options_of(vllm_config)).spec_pad_drafts):
         which, why = "the steps in which no request drafts run", (f"the {spec.method} proposer drafts only where it finds a match, "
                                                           "and vLLM captures full graphs only for verifies of 1 + k tokens a request")
     else: return None
@@ -176,27 +178,62 @@ def pad_drafts(drafts:list, # [reqs] the proposer's draft token ids per request 
     return out
 
 
+# %% ../../nbs/08_vllm/02_config.ipynb #b2d1f6e3
+def pad_drafts_gpu(drafts, # [reqs, k] int: each request's drafts, -1 after its leading valid ones
+                   num_valid, # [reqs] int: the leading valid drafts of each row
+                   sampled, # [reqs] int: tokens each request sampled last step (0: it is not decoding)
+                   last, # [reqs] int: each request's last token (its last sampled one)
+                   num_tokens, # [reqs] int: each request's tokens so far, sampled ones counted, drafts not
+                   max_model_len:int, # the engine's length limit
+                  ): # (drafts [reqs, k], num_valid [reqs]), dtypes kept
+    "`pad_drafts` on the GPU proposer's tensors: each decoding request's row filled to k (fewer only at the length limit)."
+    import torch
+    k = drafts.shape[1]
+    room = (max_model_len - 1 - num_tokens.long()).clamp(0, k)                      # [reqs] positions before the limit
+    want = torch.where(sampled > 0, torch.maximum(room, num_valid.long()), num_valid.long())   # [reqs] own drafts kept
+    own_last = drafts.gather(1, (num_valid.long() - 1).clamp(min=0)[:, None])[:, 0]  # [reqs]
+    fill = torch.where(num_valid > 0, own_last, last.to(drafts.dtype))              # [reqs]
+    pos = torch.arange(k, device=drafts.device)[None, :]                            # [1, k]
+    out = torch.where(pos < num_valid[:, None], drafts,
+                      torch.where(pos < want[:, None], fill[:, None], drafts))      # [reqs, k]
+    return out, want.to(num_valid.dtype)
+
+
 # %% ../../nbs/08_vllm/02_config.ipynb #96167298
 def pads_drafts(vllm_config, archs:tuple)->bool:
     "Whether an engine's ngram drafts are padded: a model of ours (`architectures` in `archs`) with the option `spec_pad_drafts` on."
     hf = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
     return bool(set(getattr(hf, "architectures", None) or ()) & set(archs)) and options_of(vllm_config).spec_pad_drafts
 
+PAD_ARGS_GPU = ("num_tokens_no_spec", "token_ids_gpu", "valid_sampled_tokens_count")   # what the GPU proposer's padding reads
+
+def _pad_gpu_call(out, b:dict, max_model_len:int):
+    "`pad_drafts_gpu` of an `NgramProposerGPU.propose` call's result `out`, from its bound arguments `b`."
+    drafts, num_valid = out
+    cnt = b["valid_sampled_tokens_count"]                                           # [reqs]
+    n = b["num_tokens_no_spec"] + cnt                                               # [reqs] the proposer wrote the sampled tokens in
+    tok = b["token_ids_gpu"]                                                        # [reqs, max_len]
+    last = tok.gather(1, (n.long() - 1).clamp(0, tok.shape[1] - 1)[:, None])[:, 0]  # [reqs]
+    return pad_drafts_gpu(drafts, num_valid, cnt, last, n, max_model_len)
+
 def patch_ngram_proposer(archs:tuple, # the plugin's architectures (`register` passes them)
-                         cls=None, # the proposer class; None: vLLM's `NgramProposer`
+                         cls=None, # the proposer class; None: vLLM's `NgramProposer` (`NgramProposerGPU` with `gpu`)
+                         gpu:bool=False, # the GPU proposer: tensors in and out (`pad_drafts_gpu`)
                         )->bool:
-    """Wrap `cls` once so that an engine for which `pads_drafts` holds gets `pad_drafts` of its proposals; whether it
-    is wrapped (False, with a warning, where the class or its `propose` arguments are not there)."""
+    """Wrap `cls` once so that an engine for which `pads_drafts` holds gets `pad_drafts` (`pad_drafts_gpu`) of its
+    proposals; whether it is wrapped (False, with a warning, where the class or its `propose` arguments are not there)."""
     import functools, inspect
     if cls is None:
-        try: from vllm.v1.spec_decode.ngram_proposer import NgramProposer as cls
+        try:
+            if gpu: from vllm.v1.spec_decode.ngram_proposer_gpu import NgramProposerGPU as cls
+            else: from vllm.v1.spec_decode.ngram_proposer import NgramProposer as cls
         except ImportError: return False
     if getattr(cls, "_solar_open2_pads", False): return True
     init, propose = cls.__init__, cls.propose
-    sig = inspect.signature(propose)
-    if not set(PAD_ARGS) <= set(sig.parameters):
+    sig, need = inspect.signature(propose), PAD_ARGS_GPU if gpu else PAD_ARGS
+    if not set(need) <= set(sig.parameters):
         logging.getLogger("solar_open2").warning("solar_open2: %s.propose takes no %s: spec_pad_drafts does nothing on this vLLM",
-                                                 cls.__name__, ", ".join(sorted(set(PAD_ARGS) - set(sig.parameters))))
+                                                 cls.__name__, ", ".join(sorted(set(need) - set(sig.parameters))))
         return False
     @functools.wraps(init)
     def __init__(self, vllm_config, *a, **kw):
@@ -207,6 +244,7 @@ def patch_ngram_proposer(archs:tuple, # the plugin's architectures (`register` p
         out = propose(self, *a, **kw)
         if not getattr(self, "_solar_open2_pad", False): return out
         b = sig.bind(self, *a, **kw).arguments
+        if gpu: return _pad_gpu_call(out, b, self.max_model_len)
         return pad_drafts(out, b["num_speculative_tokens"], b["sampled_token_ids"], b["num_tokens_no_spec"], self.max_model_len)
     cls.__init__, cls.propose, cls._solar_open2_pads = __init__, wrapped, True
     return True

@@ -64,8 +64,8 @@ OPTIONS = (
            "decode batches of the routed experts through the batch-1 kernels over Marlin's copy of the weights, larger ones through Marlin's GEMM (off: right, but not faster than Marlin above one token: 0.96x its time at one token, 1.2x at 2, 1.5x at 4, 1.65x at 8, on an H100)"),
     Option("spec_full_graphs", False, (), "vLLM's CUDA graphs, with a speculative config", "vllm/kda",
            "a speculative config's uniform verify batches as full CUDA graphs; off: piecewise graphs whenever speculation is on (a full-graph mode asked for becomes PIECEWISE, with a warning)"),
-    Option("spec_pad_drafts", False, ("spec_full_graphs",), "vLLM's ngram proposer (`NgramProposer`, patched at registration)", "vllm/config",
-           "the ngram proposer's drafts padded to k tokens a request (its own, then the last repeated), so that every decode step is a uniform verify in the full CUDA graph; off: a step in which no request drafts runs off the full graphs (49.4 against 6.26 ms at the rank config on an H100)"),
+    Option("spec_pad_drafts", False, ("spec_full_graphs",), "vLLM's ngram proposers (`NgramProposer`, `NgramProposerGPU`, patched at registration)", "vllm/config",
+           "the ngram proposers' drafts (ngram, ngram_gpu) padded to k tokens a request (its own, then the last repeated), so that every decode step is a uniform verify in the full CUDA graph; off: a step in which no request drafts runs off the full graphs (49.4 against 6.26 ms at the rank config on an H100)"),
     Option("fp32_ieee_dots", True, (), "Triton (`TRITON_F32_DEFAULT`), a float32 model", "vllm/config",
            "a float32 model's Triton dots (vLLM's FLA KDA kernels, Triton attention and fused MoE, the plugin's) in IEEE fp32, as the reference computes, unless the environment names a precision; off: Triton's TF32 (top-20 logprobs 0.34 nats off at 700 tokens, H100)"),
 )

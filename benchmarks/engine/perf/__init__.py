@@ -73,7 +73,9 @@ accepted length (tokens one verify step yields), next to tok/s; `tokens_per_step
 a step delivers together as one step. `--prompt-period P` makes each decode prompt one random P-token block repeated;
 the figure records the continuation's `period` (it repeats every P ids, or None). What the proposer can match is the
 dummy weights' own continuation, not a real model's: the acceptance of a trained model on real text differs
-(`scripts/device/checks.sh spec-e2e`: none vs ngram k = 3, piecewise and full graphs).
+`--ngram-gpu` serves vLLM's GPU proposer (`ngram_gpu`) instead, with which vLLM keeps asynchronous scheduling: with
+the host proposer it turns it off, and the host's proposer and bookkeeping then sit between the steps' graphs
+(`scripts/device/checks.sh spec-e2e`: none vs ngram k = 3 with drafts padded to k, host and GPU proposer).
 
 The plugin: the harness calls `solar_open2.vllm.register()` itself, and, unless a `solar_open2` entry point is
 already installed, writes a throw-away `*.dist-info` holding the `vllm.general_plugins` entry point

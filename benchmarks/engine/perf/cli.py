@@ -132,6 +132,8 @@ def build_parser()->argparse.ArgumentParser:
     ap.add_argument("--ngram", type=int, metavar="K", help="serve with vLLM's ngram proposer (prompt lookup, n-grams of 2 to 4 "
                     "tokens) proposing up to K tokens a step: the end-to-end speculative figure; each decode figure then "
                     "carries vLLM's counters (acceptance, mean accepted length: tokens a verify step yields)")
+    ap.add_argument("--ngram-gpu", action="store_true", help="--ngram with vLLM's GPU proposer (ngram_gpu: matching on the GPU, "
+                    "so vLLM keeps asynchronous scheduling, which it turns off for the host proposer)")
     ap.add_argument("--log-stats", action="store_true", help="keep vLLM's per-step stats on (--ngram turns them on to read "
                     "its counters): give it to every variant of an A/B with --ngram, so the baseline pays the same host cost")
     ap.add_argument("--prompt-period", type=int, default=0, metavar="P", help="decode prompts made of one random block of P "
@@ -195,6 +197,7 @@ def resolve(a:argparse.Namespace)->argparse.Namespace:
     if a.draft_head is not None and not 1 <= a.draft_head <= 16: raise ValueError(f"--draft-head must be 1..16 draft tokens, got {a.draft_head}")
     if a.ngram is not None and not 1 <= a.ngram <= 16: raise ValueError(f"--ngram must be 1..16 draft tokens, got {a.ngram}")
     if a.ngram and a.draft_head: raise ValueError("--ngram and --draft-head: one speculative method per engine")
+    if a.ngram_gpu and not a.ngram: raise ValueError("--ngram-gpu needs --ngram K (the draft tokens a step)")
     if a.prompt_period < 0: raise ValueError(f"--prompt-period must be >= 0 (0: random prompts), got {a.prompt_period}")
     a.log_stats = a.log_stats or bool(a.ngram)                               # the ngram counters need vLLM's stats
     V = model_config(a.config).vocab_size

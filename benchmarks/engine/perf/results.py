@@ -77,7 +77,7 @@ def settings(a, phase:str)->dict:
             "allreduce_fusion_requested": None if phase == "eager" else a.allreduce_fusion, "variant": a.variant, "only": a.only,
             "compile_sizes": None if phase == "eager" else a.compile_sizes, "max_autotune": phase != "eager" and a.max_autotune,
             "env": dict(a.env or []), "draft_head": a.draft_head, "draft_vocab": a.draft_vocab if a.draft_head else None,
-            "ngram": getattr(a, "ngram", None), "prompt_period": getattr(a, "prompt_period", 0),
+            "ngram": getattr(a, "ngram", None), "ngram_gpu": bool(getattr(a, "ngram_gpu", False)), "prompt_period": getattr(a, "prompt_period", 0),
             "log_stats": getattr(a, "log_stats", False),
             "decode_contexts": a.decode_contexts, "decode_tokens": a.decode_tokens,
             "prefill_contexts": a.prefill_contexts, "prefill_repeats": a.prefill_repeats, "batch_sizes": a.batch_sizes,

@@ -153,7 +153,8 @@ def engine_kwargs(a, model_dir, phase:str, profile_dir:str|None=None)->dict:
     if a.draft_head: kw["speculative_config"] = draft_head_config(a, model_dir)
     if getattr(a, "ngram", None):
         from benchmarks.engine.spec import ngram_config
-        kw["speculative_config"] = ngram_config(a.ngram)               # stats on (resolve): LLM.get_metrics() counts its drafts
+        kw["speculative_config"] = ngram_config(a.ngram, "ngram_gpu" if getattr(a, "ngram_gpu", False) else "ngram")   # stats on
+                                                                        # (resolve): LLM.get_metrics() counts its drafts
     if profile_dir:
         kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=str(profile_dir),
                                      torch_profiler_with_stack=False, torch_profiler_use_gzip=True,
