@@ -288,3 +288,15 @@ def test_register_wraps_the_gpu_ngram_proposer_and_its_drafts_pad(monkeypatch):
     assert call() == ([[3, 1, 2], [-1, -1, -1], [-1, -1, -1]], [3, 0, 0])     # the proposer's own: a match, none, none
     p._solar_open2_pad = True
     assert call() == ([[3, 1, 2], [8, 8, 8], [-1, -1, -1]], [3, 3, 0])
+
+
+def test_the_kda_output_norm_has_a_kernel_form_with_the_arguments_the_op_passes():
+    """Inside the plugin's KDA ops `o_norm_eager` calls vLLM's `FusedRMSNormGated.forward_cuda(x, g)` on a GPU (its Triton
+    kernel; the module call would take the torch form written for inductor): this release's class has its own
+    `forward_cuda`, not the CustomOp default, and both forms take `(x, g)`."""
+    import inspect
+    from vllm.model_executor.custom_op import CustomOp
+    FusedRMSNormGated = compat.resolve("FusedRMSNormGated")
+    assert FusedRMSNormGated.forward_cuda is not CustomOp.forward_cuda
+    for f in (FusedRMSNormGated.forward_cuda, FusedRMSNormGated.forward_native):
+        assert list(inspect.signature(f).parameters)[:3] == ["self", "x", "g"]

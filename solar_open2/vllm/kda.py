@@ -45,7 +45,7 @@ __all__ = ['KDA_FUSED', 'KDA_CONV', 'KDA_GATES_OP_NAME', 'KDAKernels', 'triton_k
            'kda_state_shape', 'kda_state_dtype', 'kda_state_copy_func', 'warmup_tokens', 'kda_fused_target',
            'load_kda_tensor', 'SolarOpen2KDA', 'kda_decode_unfused', 'zero_padding', 'fold_accepted',
            'SolarOpen2GDNMetadataBuilder', 'SolarOpen2GDNBackend', 'stable_triton_cache', 'decode_kernel_runs',
-           'decode_slots', 'kda_decode_forward', 'kda_decode_lr_forward', 'apply_kda']
+           'decode_slots', 'o_norm_eager', 'kda_decode_forward', 'kda_decode_lr_forward', 'apply_kda']
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #c437e688
 @dataclass(frozen=True)
@@ -460,9 +460,10 @@ def _non_spec(self:SolarOpen2KDA, qkv:torch.Tensor, g1:torch.Tensor, beta:torch.
                           has_initial_state=md.has_initial_state, cache_indices=idx, query_start_loc=qsl,
                           metadata=md).transpose(0, 1)                       # -> [n, 3*Hl*D]
     q, k, v = (x.reshape(1, n, Hl, D) for x in qkv.split(Hl * D, -1))       # [n, 3*Hl*D] -> [1, n, Hl, D] x3
-    rec_state[idx[~md.has_initial_state]] = 0                                # new sequences start from S = 0
+    init = torch.where(md.has_initial_state[:, None, None, None], rec_state[idx], 0.0)   # [N, Hl, D, D]: new sequences start
+                                                                             # from S = 0; no host sync (a mask index would wait)
     o, final = kn.chunk(q=q, k=k, v=v, raw_g=g1.reshape(1, n, Hl, D), beta=beta.reshape(1, n, Hl), A_log=self.A_log,
-                        g_bias=self.dt_bias, initial_state=rec_state[idx].contiguous(), output_final_state=True,
+                        g_bias=self.dt_bias, initial_state=init, output_final_state=True,
                         use_qk_l2norm_in_kernel=True, cu_seqlens=qsl)        # gate fused in the kernel
     rec_state[idx] = final.to(rec_state.dtype)
     return o[0, :n]
@@ -607,6 +608,14 @@ def decode_slots(layer)->torch.Tensor|None:
         return md.non_spec_state_indices_tensor[:md.num_actual_tokens]
     return None
 
+def o_norm_eager(norm, # the layer's `o_norm`, vLLM's `FusedRMSNormGated`
+                 x:torch.Tensor, g:torch.Tensor, # [T, Hl, D] the core output and the raw output gate
+                )->torch.Tensor: # [T, Hl, D] in x's dtype
+    """`norm(x, g)` where nothing compiles it (inside our ops): vLLM's Triton kernel on a GPU (`forward_cuda`, one
+    launch), else its torch form. Called as a module, the CustomOp picks the torch form written for inductor to fuse,
+    which run eagerly is eleven launches."""
+    return norm.forward_cuda(x, g) if x.is_cuda else norm.forward_native(x, g)
+
 def kda_decode_forward(layer, # a `SolarOpen2KDA`
                        qkv:torch.Tensor, # [T, 3·Hl·D] pre-conv q | k | v (row view)
                        g1:torch.Tensor, # [T, Hl·D] raw forget gate
@@ -623,7 +632,7 @@ def kda_decode_forward(layer, # a `SolarOpen2KDA`
         return
     core = torch.zeros_like(out)                                              # [T, Hl, D]
     layer._forward(qkv, g1, beta, core)
-    out.copy_(layer.o_norm(core, g2))
+    out.copy_(o_norm_eager(layer.o_norm, core, g2))
 
 def _decode_op(qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, g2:torch.Tensor, out:torch.Tensor, layer_name:str)->None:
     kda_decode_forward(get_forward_context().no_compile_layers[layer_name], qkv, g1, beta, g2, out)
