@@ -11,13 +11,14 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['PUBLISHED', 'MARGIN', 'PRESETS', 'GRAPHS_POOL', 'SCRIPT_NAMES', 'GRAPH_MODES', 'NCCL_MIN', 'MAX_NGRAM_TOKENS',
            'MAX_JOBS_LIMIT', 'GiB', 'VLLM_VERSION', 'PLUGIN_GROUP', 'PLUGIN_NAME', 'ENGINE_MARKERS', 'NCCL_ENV',
-           'DEFAULT_MAX_NUM_SEQS', 'ServeOptions', 'preset_pool', 'ngram_config', 'to_argv', 'start_ray_cluster_sh',
-           'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts', 'write_scripts', 'shellcheck_bin',
-           'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv', 'login_path', 'check_tools', 'check_linger',
-           'logind_setting', 'check_remove_ipc', 'raylet_envs', 'check_raylet', 'check_engine_leftovers', 'fake_proc',
-           'nccl_probe', 'check_nccl', 'mem_available', 'check_memory', 'fake_meminfo', 'checkpoint_manifest',
-           'compare_manifests', 'check_manifest', 'node_preflight', 'budget_plan', 'resolve_options', 'memory_need',
-           'options_from_args', 'cli_scripts', 'node_preflight_main']
+           'DEFAULT_MAX_NUM_SEQS', 'ServeOptions', 'preset_pool', 'ngram_spec', 'ngram_config', 'to_argv',
+           'start_ray_cluster_sh', 'preflight_sh', 'serve_sh', 'oom_guard_sh', 'stop_sh', 'generate_scripts',
+           'write_scripts', 'shellcheck_bin', 'shellcheck_problems', 'roce_gid', 'fake_sysfs', 'check_venv',
+           'login_path', 'check_tools', 'check_linger', 'logind_setting', 'check_remove_ipc', 'raylet_envs',
+           'check_raylet', 'check_engine_leftovers', 'fake_proc', 'nccl_probe', 'check_nccl', 'mem_available',
+           'check_memory', 'fake_meminfo', 'checkpoint_manifest', 'compare_manifests', 'check_manifest',
+           'node_preflight', 'budget_plan', 'resolve_options', 'memory_need', 'options_from_args', 'cli_scripts',
+           'node_preflight_main']
 
 # %% ../nbs/10_serving.ipynb #a9813e98
 PUBLISHED = dict(kv_cache_memory_bytes=28_000_000_000, max_model_len=1_048_576)   # the published 1M deployment (eager)
@@ -132,10 +133,13 @@ def _validate(self:ServeOptions)->ServeOptions:
 ServeOptions.validate = _validate
 
 # %% ../nbs/10_serving.ipynb #8c6f4988
+def ngram_spec(k:int, method:str="ngram")->dict:
+    "vLLM's speculative config for a prompt-lookup proposer (`ngram`, or `ngram_gpu` on the GPU) with `k` draft tokens, n-grams of 2-4 tokens."
+    return {"method": method, "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
 def ngram_config(k:int)->str:
-    "vLLM's `--speculative-config` for the ngram proposer with `k` draft tokens (prompt lookup of 2-4 tokens), as one JSON word."
-    return json.dumps({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
-                      separators=(",", ":"))
+    "`ngram_spec(k)` as `--speculative-config` takes it: one JSON word."
+    return json.dumps(ngram_spec(k), separators=(",", ":"))
 
 def to_argv(o:ServeOptions)->list:
     "The `solar-open2 scripts` options that reproduce `o` (defaults left out)."

@@ -168,14 +168,14 @@ def child_main(a) -> int:
 
 # ---- parent ----------------------------------------------------------------------------------------------------------
 
-NGRAM_METHODS = ("ngram", "ngram_gpu")    # vLLM's proposers by prompt lookup: on the host (no async scheduling), on the GPU
-
-
 def ngram_config(k: int, method: str = "ngram") -> dict:
-    """vLLM's speculative_config for ngram with up to `k` draft tokens a step: prompt lookup over n-grams of 2 to 4 tokens,
-    by `method` (`ngram`: on the host; `ngram_gpu`: on the GPU, where vLLM keeps asynchronous scheduling)."""
-    if method not in NGRAM_METHODS: raise ValueError(f"ngram_config: method {method!r} is not one of {NGRAM_METHODS}")
-    return {"method": method, "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    """vLLM's speculative_config for ngram with up to `k` draft tokens a step, as `solar-open2 scripts --ngram` serves it
+    (`serving.ngram_spec`), by `method`: one of the proposers `spec_pad_drafts` pads (`ngram`: on the host; `ngram_gpu`: on
+    the GPU, where vLLM keeps asynchronous scheduling)."""
+    from solar_open2.serving import ngram_spec
+    from solar_open2.vllm.config import PADDED_PROPOSERS
+    if method not in PADDED_PROPOSERS: raise ValueError(f"ngram_config: method {method!r} is not one of {PADDED_PROPOSERS}")
+    return ngram_spec(k, method)
 
 
 def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: list | None = None) -> list:
