@@ -77,7 +77,7 @@ def test_every_kernel_benchmark_declares_its_gate():
     "Each kernel benchmark module defines `gate` and `GATE_RULE` and hands both to the writer."
     from importlib import import_module
     names = sorted(p.stem for p in (ROOT / "benchmarks" / "kernels").glob("*.py") if p.stem != "__init__")
-    assert names == ["gemv", "gemv_pair", "kda_cpu", "kda_decode", "kda_gates", "kda_inproj", "moe_batch", "moe_decode", "moe_profile", "moe_router", "nvfp4_dequant", "train_step"]
+    assert names == ["gemv", "gemv_pair", "kda_cpu", "kda_decode", "kda_gates", "kda_inproj", "kda_verify", "moe_batch", "moe_decode", "moe_profile", "moe_router", "nvfp4_dequant", "train_step"]
     for n in names:
         m = import_module(f"benchmarks.kernels.{n}")
         assert callable(m.gate) and isinstance(m.GATE_RULE, str) and m.GATE_RULE, n

@@ -238,7 +238,7 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     assert ph.parse_args(log.read_text().splitlines()[2:] + a.ab_variants[3][1]).draft_head == 7
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "SPEC_E2E_VARIANTS": "ngram bogus"})
-    assert "SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad and ngram_gpu_pad, got 'bogus'" in r.stderr
+    assert "SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad, ngram_gpu_pad and ngram_gpu_pad_unfused, got 'bogus'" in r.stderr
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "spec-e2e times or profiles kernels" in r.stderr

@@ -86,6 +86,10 @@ def test_the_gate_passes_near_ties_and_fails_real_divergences():
     assert any("no baseline" in f for f in S.judge(nobase))
     broke = _report(**{"bf16:eager:base": {}, "bf16:graphs:eagle3_k3": {"error": "rc 1: CUDA error: an illegal instruction"}})
     assert any("engine failed" in f for f in S.judge(broke))
+    unrun = copy.deepcopy(rep); unrun["runs"]["bf16:eager:ngram_k3"].update(applied={"kda_verify_kernel": 4}, launches={"kda_decode_triton": 9})
+    assert any("kda_verify_kernel: on in 4 layer(s) but kda_verify_triton never launched" in f for f in S.judge(unrun))
+    unrun["runs"]["bf16:eager:ngram_k3"]["launches"]["kda_verify_triton"] = 4
+    assert S.judge(unrun) == []                                                # the verify kernel ran: nothing to say
 
 
 def test_the_plan_runs_baselines_first_and_only_what_is_asked():

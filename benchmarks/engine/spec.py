@@ -131,7 +131,7 @@ def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weig
     if spec: kw["speculative_config"] = spec
     full = bool(spec and cudagraph_mode and "FULL" in cudagraph_mode)       # the plugin would make it PIECEWISE (spec_graphs_guard)
     if full or options: kw["additional_config"] = {"solar_open2": {**({"spec_full_graphs": True} if full else {}), **(options or {})}}
-    if norm_probe: kw["worker_extension_cls"] = "solar_open2.vllm.model.LaunchProbe"
+    kw["worker_extension_cls"] = "solar_open2.vllm.model.LaunchProbe"       # the launch record, and the norm probe's tables
     if mode == "eager": kw["enforce_eager"] = True
     else: kw["compilation_config"] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64],
                                       **({"cudagraph_mode": cudagraph_mode} if cudagraph_mode else {})}
@@ -151,7 +151,9 @@ def run_engine(model_dir: str, mode: str, n_tokens: int, spec: dict | None, weig
     m2 = spec_metrics(llm)
     n_batched = norms()
     cfg = llm.llm_engine.vllm_config
+    probe = llm.collective_rpc("solar_launches")[0]                            # apply's record and the launch counts
     return {"init_s": round(init_s, 1), "single_s": round(single_s, 2), "single": single, "batched": batched,
+            "applied": probe["applied"], "launches": probe["launches"],
             "spec_single": delta(m0, m1), "spec_batched": delta(m1, m2),
             "splitting_ops": cfg.compilation_config.splitting_ops, "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode),
             "speculative_config": str(cfg.speculative_config) if cfg.speculative_config else None,
@@ -188,7 +190,8 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
     which tells the target's verify from the drafter, and `ngram_k3_pad` the same with the option `spec_pad_drafts`
     (every decode step a verify of 1 + 3 tokens a request); `ngram_gpu_k3_pad` pads vLLM's GPU proposer the same way, with
     asynchronous scheduling on (as for the EAGLE-3 head, and unlike `ngram`), so a wrong batched full-graph verify
-    there and not in `ngram_k3_pad` points at the scheduling. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
+    there and not in `ngram_k3_pad` points at the scheduling. Every ngram run verifies through the plugin's defaults,
+    the fused KDA verify (option `kda_verify_kernel`) included; the gate checks that it launched. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
     (and their baselines)."""
     runs = [(f, m, "base", None, None, None) for f in formats for m in modes]
     for f in formats:
@@ -313,6 +316,9 @@ def judge(report: dict) -> list:
                 if d and d["gap_nats"] >= report.get("tie_nats", 0.05) and d.get("gap_ulps", BF16_TIE_ULPS) >= BF16_TIE_ULPS:
                     fails.append(f"{key}: {part} prompt {i}: leaves the non-speculative tokens at {d['position']} "
                                  f"({d['token']} for {d['base_token']}), {d['gap_nats']:.3f} nats apart: not a near-tie")
+        from solar_open2.vllm.model import launch_problems
+        fails += [f"{key}: {p}" for p in launch_problems({k: (r.get("applied") or {}).get(k) for k in ("kda_verify_kernel",)},
+                                                          r.get("launches") or {})]   # a kernel given and never run: not measured
         if name == "base": continue
         if not runs.get(f"{fmt}:{mode}:base") or "error" in runs[f"{fmt}:{mode}:base"]:
             fails.append(f"{key}: no baseline to compare with"); continue

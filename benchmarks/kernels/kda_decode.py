@@ -111,26 +111,32 @@ def gate(res:dict)->bool:
     return bool(fp32 and bf16) and all(max(c["out"], c["rec_state"], c["conv_state"]) < 1e-5 and c["untouched"] for c in fp32) \
         and all(c["pass"] for c in bf16)
 
-def run(tokens=(1, 2, 4, 8), warps=(4, 8, 16), reps:int=50, deadline_s:float=120.0, out_paths=(), device:str="cuda",
-        shapes:dict|None=None, timer=None, kernels=None, dim_first:bool|None=None, rotations=None)->dict:
-    """Checks, then per token count the unfused path and the kernel per warp count, each in one CUDA graph.
-    `device`, `shapes`, `timer`, `kernels` (08d's torch set), `dim_first` and `rotations` exist for the CPU test."""
-    import torch
-    from solar_open2.vllm.ops import kda_decode as kd
-    t0 = time.perf_counter()
-    shp, timer = dict(shapes or REAL), timer or time_graph
+def start(name:str, device:str, shapes:dict|None, kernels, dim_first:bool|None)->tuple:
+    """What this benchmark and `kda_verify` begin with: `(shapes, kernels, dim_first, res)`, vLLM's Triton kernels and its
+    conv-state layout where none are given, and the result's head with vLLM's version."""
+    shp = dict(shapes or REAL)
     if kernels is None:
         from solar_open2.vllm.kda import triton_kernels
         kernels = triton_kernels()
     if dim_first is None:
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
         dim_first = is_conv_state_dim_first()
-    res = {**result_head("kda_decode_h200", device, ROOT), "shapes": shp, "conv_state_dim_first": dim_first, "unfused_kernels": kernels.name,
+    res = {**result_head(name, device, ROOT), "shapes": shp, "conv_state_dim_first": dim_first, "unfused_kernels": kernels.name,
            "checks": [], "timings": [], "skipped": []}
     try:
         import vllm
         res["versions"]["vllm"] = vllm.__version__
     except ImportError: pass
+    return shp, kernels, dim_first, res
+
+def run(tokens=(1, 2, 4, 8), warps=(4, 8, 16), reps:int=50, deadline_s:float=120.0, out_paths=(), device:str="cuda",
+        shapes:dict|None=None, timer=None, kernels=None, dim_first:bool|None=None, rotations=None)->dict:
+    """Checks, then per token count the unfused path and the kernel per warp count, each in one CUDA graph.
+    `device`, `shapes`, `timer`, `kernels` (08d's torch set), `dim_first` and `rotations` exist for the CPU test."""
+    import torch
+    from solar_open2.vllm.ops import kda_decode as kd
+    t0, timer = time.perf_counter(), timer or time_graph
+    shp, kernels, dim_first, res = start("kda_decode_h200", device, shapes, kernels, dim_first)
     save = json_writer(res, out_paths, gate, GATE_RULE)
     res["checks"] = [{**c, "kind": "fp32 cases"} for c in kd.self_check(device=device)]
     res["checks"].append({**bf16_check(kernels, device, shp, dim_first=dim_first), "kind": "bf16, against the unfused path"})

@@ -31,7 +31,7 @@
 #                 SPEC_E2E_ARGS: more perf options; SPEC_E2E_VARIANTS: which ngram engines follow the baseline (default
 #                 "ngram_pad ngram_gpu_pad"; of ngram: piecewise guard, ngram_full: full graphs, ngram_pad: full graphs with
 #                 drafts padded to K (option spec_pad_drafts), ngram_gpu_pad: the same with vLLM's GPU proposer, which
-#                 keeps asynchronous scheduling); SPEC_E2E_DRAFT_KS="3": also spec-rank's random EAGLE-3 head of K tokens per K, every
+#                 keeps asynchronous scheduling, ngram_gpu_pad_unfused: that with the option kda_verify_kernel off); SPEC_E2E_DRAFT_KS="3": also spec-rank's random EAGLE-3 head of K tokens per K, every
 #                 draft rejected, so that one job and one baseline give the verify step's cost too)
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
@@ -58,6 +58,9 @@
 #   moe-profile   Nsight Compute on the raw-layout and the Marlin-layout decode kernels at 1 and 8 tokens (issue 28;
 #                 benchmarks.kernels.moe_profile: ncu --set full, each path checked against fp32 first; about a minute; never
 #                 TOGETHER; MOE_PROFILE_ARGS: more, e.g. "--tokens 1,2,4,8")
+#   kda-verify    one KDA layer's speculative verify step at the rank shapes (benchmarks.kernels.kda_verify, issue 27): the
+#                 verify kernel and the op body's unfused path (vLLM's conv-update and FLA recurrent kernels, o_norm), 1 to 8
+#                 requests of 1 + 1, 3, 7 tokens, and the one-token decode kernel, each checked first (timed: never TOGETHER)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -82,7 +85,7 @@ TINY_MEM=(); KV_MEM=(); DYN_MEM=()
 if [ "$TOGETHER" = 1 ]; then
   TINY_MEM=(--gpu-memory-utilization 0.08 --kv-cache-memory-bytes 2147483648); KV_MEM=(--gpu-memory-utilization 0.74)
   DYN_MEM=(--gpu-memory-utilization 0.08)                              # its engines have a fixed pool already
-  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch|moe-profile|prefill-profile) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
+  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch|moe-profile|prefill-profile|kda-verify) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
 fi
 
 draft_ab() { printf '%s=--draft-head %s --spec-full-graphs' "$1" "$2"; }   # a random EAGLE-3 head of K tokens, full graphs
@@ -153,7 +156,8 @@ run_one() {
         ngram_full) vs+=(--ab "ngram${K}_full=--ngram $K --spec-full-graphs") ;;
         ngram_pad) vs+=(--ab "ngram${K}_pad=--ngram $K --spec-full-graphs --spec-pad-drafts") ;;
         ngram_gpu_pad) vs+=(--ab "ngram${K}_gpu_pad=--ngram $K --ngram-gpu --spec-full-graphs --spec-pad-drafts") ;;
-        *) echo "checks.sh: SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad and ngram_gpu_pad, got '$v'" >&2; return 2 ;;
+        ngram_gpu_pad_unfused) vs+=(--ab "ngram${K}_gpu_pad_unfused=--ngram $K --ngram-gpu --spec-full-graphs --spec-pad-drafts --no-kda-verify-kernel") ;;
+        *) echo "checks.sh: SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad, ngram_gpu_pad and ngram_gpu_pad_unfused, got '$v'" >&2; return 2 ;;
       esac; done
       for k in ${SPEC_E2E_DRAFT_KS:-}; do vs+=(--ab "$(draft_ab "draft$k" "$k")"); done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
@@ -161,6 +165,7 @@ run_one() {
     prefill-profile) read -r -a PP_EXTRA <<< "${PREFILL_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.perf --config rank --phase graphs --only prefill,profile --prefill-contexts 8192,32768 \
             --profile-prefill --keep-trace --variant prefill_profile --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${PP_EXTRA[@]}" ;;
+    kda-verify) job "$j" python3 -m benchmarks.kernels.kda_verify --out "$OUT/$j" ;;
     moe-profile) read -r -a PROF_EXTRA <<< "${MOE_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.kernels.moe_profile --out "$OUT/$j" "${PROF_EXTRA[@]}" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"
@@ -169,7 +174,7 @@ run_one() {
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank moe-profile prefill-profile "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank moe-profile prefill-profile kda-verify "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done

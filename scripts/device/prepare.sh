@@ -17,8 +17,8 @@
 # device call names them in `carry`.
 #
 # Environment knobs:
-#   PART_MB=28        size of one part in MiB (the repository tree, 32 MiB with the trained tiny weights, plus one part
-#                     must stay under 64 MiB per run: lower it for a big repo)
+#   PART_MB=18        size of one part in MiB (the repository tree, 41 MiB on 2026-12-07 with the trained tiny weights
+#                     and the kept traces, plus one part must stay under 64 MiB per run; the script says when they do not)
 #   WITH_FLASHINFER=1 also ship flashinfer-python (JIT only: no cubin
 #                     package, kernels are built with nvcc on first use;
 #                     set 0 to leave FlashInfer out)
@@ -26,7 +26,7 @@
 #   PY=python3        the interpreter whose pip does the downloads
 set -euo pipefail
 
-PART_MB=${PART_MB:-28}
+PART_MB=${PART_MB:-18}
 WITH_FLASHINFER=${WITH_FLASHINFER:-1}
 WITH_EXTRAS=${WITH_EXTRAS:-1}
 PY=${PY:-python3}
@@ -150,7 +150,12 @@ if [ ! -s "$SLIM" ]; then
   rm -rf "$T"; trap - EXIT
 fi
 
-echo "== bundling and splitting into ${PART_MB} MiB parts"
+TREE_MB=$(git ls-files -z | du -c --apparent-size -m --files0-from=- | tail -1 | cut -f1)   # what each device call copies
+if [ $((TREE_MB + PART_MB)) -ge 64 ]; then
+  echo "prepare.sh: the checkout's tracked files take ${TREE_MB} MiB; with ${PART_MB} MiB parts a device call would carry" \
+       "$((TREE_MB + PART_MB)) MiB, over its 64 MiB: set PART_MB=$((63 - TREE_MB)) or less" >&2; exit 2
+fi
+echo "== bundling and splitting into ${PART_MB} MiB parts (the checkout: ${TREE_MB} MiB)"
 BUNDLE=$DL/bundle.tar
 T=$(mktemp -d)
 mkdir -p "$T/bundle/whl"

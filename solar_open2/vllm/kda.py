@@ -34,7 +34,7 @@ from . import KDA_DECODE_LR_OP_NAME, KDA_DECODE_OP_NAME, KDA_OP_NAME
 from .config import refuse_speculative, solar_config_of
 from .linear import pair_apply
 from .ops import interpreting
-from .ops.kda_decode import MAX_DECODE_SEQS, kda_decode_lr_triton, kda_decode_triton
+from .ops.kda_decode import MAX_DECODE_SEQS, MAX_VERIFY_SEQS, kda_decode_lr_triton, kda_decode_triton, kda_verify_triton
 from .ops.kda_gates import kda_gates
 from .options import Options
 
@@ -43,9 +43,10 @@ __all__ = ['KDA_FUSED', 'KDA_CONV', 'KDA_GATES_OP_NAME', 'KDAKernels', 'triton_k
            'kda_gate_torch', 'chunk_kda_with_fused_gate_torch', 'fused_recurrent_kda_torch', 'causal_conv1d_fn_torch',
            'causal_conv1d_update_torch', 'torch_kernels', 'default_kernels', 'num_spec_tokens', 'kda_state_slot_shape',
            'kda_state_shape', 'kda_state_dtype', 'kda_state_copy_func', 'warmup_tokens', 'kda_fused_target',
-           'load_kda_tensor', 'SolarOpen2KDA', 'kda_decode_unfused', 'zero_padding', 'fold_accepted',
-           'SolarOpen2GDNMetadataBuilder', 'SolarOpen2GDNBackend', 'stable_triton_cache', 'decode_kernel_runs',
-           'decode_slots', 'o_norm_eager', 'kda_decode_forward', 'kda_decode_lr_forward', 'apply_kda']
+           'load_kda_tensor', 'SolarOpen2KDA', 'kda_decode_unfused', 'kda_verify_unfused', 'zero_padding',
+           'fold_accepted', 'SolarOpen2GDNMetadataBuilder', 'SolarOpen2GDNBackend', 'stable_triton_cache',
+           'decode_kernel_runs', 'decode_slots', 'verify_rows', 'o_norm_eager', 'kda_decode_forward',
+           'kda_decode_lr_forward', 'apply_kda']
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #c437e688
 @dataclass(frozen=True)
@@ -404,6 +405,29 @@ def kda_decode_unfused(kn:KDAKernels, # the kernel table (Triton on the GPU, tor
                         use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens, ssm_state_indices=idx)
     return zero_padding(o, cu_seqlens[-1])
 
+def kda_verify_unfused(kn:KDAKernels, # the kernel table
+                       qkv:torch.Tensor, # [m, 3*Hl*D] pre-conv q, k, v of the verified tokens, packed by qsl (any row stride)
+                       conv_state:torch.Tensor, # [slots, 3*Hl*D, K-1+num_spec], updated
+                       w:torch.Tensor, # [3*Hl*D, K] stacked conv weights
+                       g1:torch.Tensor, # [m, Hl*D] raw gate
+                       A_log:torch.Tensor, dt_bias:torch.Tensor, # the gate's parameters
+                       beta:torch.Tensor, # [m, Hl] fp32, already 2·sigmoid
+                       rec_state:torch.Tensor, # [slots, Hl, D, D] fp32, updated
+                       rows:torch.Tensor, # [N', 1+num_spec] each request's state slots (N' >= N: a graph's padding rows)
+                       nacc:torch.Tensor, # [N'] tokens each request's last step accepted
+                       qsl:torch.Tensor, # [N'+1] the requests' token offsets
+                       N:int, # the requests that verify
+                      )->torch.Tensor: # o [m, Hl, D]
+    "A step of verifies: conv and recurrence resume at `nacc - 1` and keep every token's state (`rows[i, t]`); tokens past the requests' zeroed."
+    m, (_, Hl, D, _) = qkv.shape[0], rec_state.shape
+    qkv = kn.conv_decode(qkv, conv_state, w, None, activation="silu", conv_state_indices=rows[:, 0][:N],
+                         num_accepted_tokens=nacc, query_start_loc=qsl, max_query_len=rows.size(-1), validate_data=False)
+    q, k, v = (x.reshape(1, m, Hl, D) for x in qkv.split(Hl * D, -1))       # [m, 3*Hl*D] -> [1, m, Hl, D] x3
+    g = kn.gate(g1, A_log, D, g_bias=dt_bias).reshape(1, m, Hl, D)           # [m, Hl*D] -> [1, m, Hl, D] fp32
+    o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=beta.reshape(1, m, Hl), initial_state=rec_state, use_qk_l2norm_in_kernel=True,
+                        cu_seqlens=qsl[:N + 1], ssm_state_indices=rows, num_accepted_tokens=nacc)   # every token's state into rows[i, t]
+    return zero_padding(o, qsl[N])[0]
+
 def zero_padding(o:torch.Tensor, # [1, m, Hl, D] a kernel's output
                  end:torch.Tensor, # 0-d int: tokens of the step's sequences (padding after it, in a CUDA graph's batch)
                 )->torch.Tensor: # o, its padding tokens zeroed in place
@@ -472,17 +496,11 @@ def _non_spec(self:SolarOpen2KDA, qkv:torch.Tensor, g1:torch.Tensor, beta:torch.
 def _spec(self:SolarOpen2KDA, qkv:torch.Tensor, g1:torch.Tensor, beta:torch.Tensor, # [m, 3*Hl*D], [m, Hl*D], [m, Hl] spec tokens
           md)->torch.Tensor: # o [m, Hl, D]
     "The verifies of a step (`spec_*` metadata): conv and recurrence resume at `num_accepted_tokens - 1` and keep every token's state."
-    m, Hl, D, kn = qkv.shape[0], self.local_heads, self.head_dim, self.kernels
     conv_state, rec_state = self.conv_states()                               # [slots, 3*Hl*D, K-1+num_spec], [slots, Hl, D, D] fp32
-    w = self.qkv_conv1d.weight.view(3 * Hl * D, self.conv_size)              # [3*Hl*D, K]
-    rows, nacc, qsl, N = md.spec_state_indices_tensor, md.num_accepted_tokens, md.spec_query_start_loc, md.num_spec_decodes
-    qkv = kn.conv_decode(qkv, conv_state, w, None, activation="silu", conv_state_indices=rows[:, 0][:N],
-                         num_accepted_tokens=nacc, query_start_loc=qsl, max_query_len=rows.size(-1), validate_data=False)
-    q, k, v = (x.reshape(1, m, Hl, D) for x in qkv.split(Hl * D, -1))       # [m, 3*Hl*D] -> [1, m, Hl, D] x3
-    g = kn.gate(g1, self.A_log, D, g_bias=self.dt_bias).reshape(1, m, Hl, D) # [m, Hl*D] -> [1, m, Hl, D] fp32
-    o, _ = kn.recurrent(q=q, k=k, v=v, g=g, beta=beta.reshape(1, m, Hl), initial_state=rec_state, use_qk_l2norm_in_kernel=True,
-                        cu_seqlens=qsl[:N + 1], ssm_state_indices=rows, num_accepted_tokens=nacc)   # every token's state into rows[i, t]
-    return zero_padding(o, qsl[N])[0]
+    w = self.qkv_conv1d.weight.view(3 * self.local_heads * self.head_dim, self.conv_size)   # [3*Hl*D, K]
+    return kda_verify_unfused(self.kernels, qkv, conv_state, w, g1, self.A_log, self.dt_bias, beta, rec_state,
+                              md.spec_state_indices_tensor, md.num_accepted_tokens, md.spec_query_start_loc, md.num_spec_decodes)
+
 
 # %% ../../nbs/08_vllm/05_kda.ipynb #2185588a
 def fold_accepted(conv_state:torch.Tensor, # [slots, dim, K-1+num_spec] (a view in either layout), updated in place
@@ -608,6 +626,18 @@ def decode_slots(layer)->torch.Tensor|None:
         return md.non_spec_state_indices_tensor[:md.num_actual_tokens]
     return None
 
+def verify_rows(layer)->tuple|None:
+    """`(rows [N, 1+k], nacc [N], qsl [N+1])` of this step's verifies if the verify kernel takes the step (the layer's
+    `verify_kernel`, every request verifying: no prefill, no one-token decode, at most `MAX_VERIFY_SEQS` of them), else
+    None. N is the slot rows' count: a CUDA graph's batch, its padding requests on the null block with no tokens."""
+    md_all = get_forward_context().attn_metadata
+    if md_all is None or not getattr(layer, "verify_kernel", False): return None
+    md = md_all[layer.prefix]
+    if md.spec_sequence_masks is None or md.num_prefills or md.num_decodes or not 0 < md.num_spec_decodes <= MAX_VERIFY_SEQS:
+        return None
+    rows = md.spec_state_indices_tensor                                      # [N, 1+k]
+    return rows, md.num_accepted_tokens[:rows.shape[0]], md.spec_query_start_loc[:rows.shape[0] + 1]
+
 def o_norm_eager(norm, # the layer's `o_norm`, vLLM's `FusedRMSNormGated`
                  x:torch.Tensor, g:torch.Tensor, # [T, Hl, D] the core output and the raw output gate
                 )->torch.Tensor: # [T, Hl, D] in x's dtype
@@ -623,7 +653,13 @@ def kda_decode_forward(layer, # a `SolarOpen2KDA`
                        g2:torch.Tensor, # [T, Hl, D] raw output gate
                        out:torch.Tensor, # [T, Hl, D], written: o_norm's output
                       )->None:
-    "The op's body: the kernel for a batch of at most `MAX_DECODE_SEQS` one-token decodes, else the first op's body and `o_norm`."
+    "The op's body: the kernel for a batch of at most `MAX_DECODE_SEQS` one-token decodes, the verify kernel for at most `MAX_VERIFY_SEQS` verifies, else the first op's body and `o_norm`."
+    vr = verify_rows(layer)
+    if vr is not None:
+        conv_state, rec_state = layer.conv_states()                              # [slots, 3·Hl·D, W-1+k], [slots, Hl, D, D]
+        kda_verify_triton(qkv, conv_state, layer.qkv_conv1d.weight, g1, layer.A_log, layer.dt_bias, beta,
+                          g2.reshape(qkv.shape[0], -1), layer.o_norm.weight, layer.o_norm.eps, rec_state, *vr, out=out)
+        return
     idx = decode_slots(layer)
     if idx is not None:
         conv_state, rec_state = layer.conv_states()                              # [slots, 3·Hl·D, W-1], [slots, Hl, D, D]
@@ -684,6 +720,7 @@ def apply_kda(layer:SolarOpen2KDA, opts:Options)->SolarOpen2KDA:
     lowrank = layer.fused and not layer.full_proj and _plain_linears(layer, ("fg_a_proj", "f_b_proj", "g_b_proj"))
     layer.decode_kernel = opts.kda_decode_kernel and decode_kernel_runs(layer)
     layer.decode_gates = opts.kda_decode_gates and layer.decode_kernel and lowrank
+    layer.verify_kernel = opts.kda_verify_kernel and layer.decode_kernel and getattr(layer, "num_spec", 0) > 0
     layer.gate_kernel = opts.kda_gate_kernel and lowrank and not layer.decode_gates   # the gates mode's forward never reaches the gates' op
     layer.gemv_pairs = (("qkvb_proj", "fg_a_proj"),) if layer.decode_gates else ()
     return layer

@@ -202,7 +202,8 @@ def apply(model:nn.Module, # a built `SolarOpen2ForCausalLM`, weights not yet lo
     pairs = use_gemv_pairs(model, tables) if opts.gemv_pairs else []
     return {"gemv": gemv, "gemv_pairs": pairs, "gemv_table": tables.single.name,
             "kda_gate_kernel": sum(l.gate_kernel for l in kda), "kda_decode_kernel": sum(l.decode_kernel for l in kda),
-            "kda_decode_gates": sum(l.decode_gates for l in kda), "moe_kernels": moes.count("moe_kernels"),
+            "kda_decode_gates": sum(l.decode_gates for l in kda), "kda_verify_kernel": sum(l.verify_kernel for l in kda),
+            "moe_kernels": moes.count("moe_kernels"),
             "moe_marlin_kernels": moes.count("moe_marlin_kernels"),
             "router_kernel": sum(isinstance(getattr(m.experts, "router", None), SolarMoERouter) for m in model.modules()
                                  if isinstance(m, SolarOpen2MoE)),
@@ -214,12 +215,13 @@ def _summary(opts:Options, done:dict)->str:
     return (f"solar_open2: options off: {', '.join(off) or 'none'}; {len(done['gemv'])} linear layers on the GEMV kernels "
             f"({done['gemv_table']}), {len(done['gemv_pairs'])} pairs one launch each; KDA layers with the gate kernels "
             f"{done['kda_gate_kernel']}/{done['kda_layers']}, the decode kernel {done['kda_decode_kernel']}/{done['kda_layers']} "
-            f"(gates mode {done['kda_decode_gates']}); MoE layers on our experts {done['moe_kernels']}/{done['moe_layers']}, "
+            f"(gates mode {done['kda_decode_gates']}, verify {done['kda_verify_kernel']}); MoE layers on our experts {done['moe_kernels']}/{done['moe_layers']}, "
             f"on Marlin's with our decode {done['moe_marlin_kernels']}/{done['moe_layers']}")
 
 # %% ../../nbs/08_vllm/07_model.ipynb #f4a776f9
 KERNEL_LAUNCHERS = {"gemv": ("gemv_triton",), "gemv_pairs": ("gemv_pair_triton",), "kda_gate_kernel": ("kda_gates_triton",),
-                    "kda_decode_kernel": ("kda_decode_triton", "kda_decode_lr_triton"), "moe_kernels": ("moe_decode_triton",),
+                    "kda_decode_kernel": ("kda_decode_triton", "kda_decode_lr_triton"), "kda_verify_kernel": ("kda_verify_triton",),
+                    "moe_kernels": ("moe_decode_triton",),
                     "moe_marlin_kernels": ("moe_marlin_triton",), "router_kernel": ("route_triton",)}   # `apply`'s record key -> the launchers (ops) that serve it
 
 def _count(v)->int: return len(v) if isinstance(v, (list, tuple)) else int(v or 0)
@@ -323,7 +325,8 @@ class SolarOpen2ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsEagle, S
         "Option name -> the tile tables its kernels read (an option is off where they were not measured)."
         g = self.gemv_tables()
         return {"gemv_kernel": (g.single, g.pairs, g.flat_off), "kda_gate_kernel": (kda_gates.GATE_TILES,),
-                "kda_decode_kernel": (kda_decode.DECODE_TILES,), "router_kernel": (moe_route.ROUTE_TILES,),
+                "kda_decode_kernel": (kda_decode.DECODE_TILES,), "kda_verify_kernel": (kda_decode.DECODE_TILES,),
+                "router_kernel": (moe_route.ROUTE_TILES,),
                 "moe_kernels": (moe_decode.TILES, moe_decode.PAIR_TILES), "moe_marlin_kernels": (moe_marlin.MARLIN_TILES,)}
 
     def embed_input_ids(self, input_ids:torch.Tensor)->torch.Tensor: return self.model.embed_input_ids(input_ids)

@@ -52,6 +52,8 @@ OPTIONS = (
            "a KDA decode step (conv, gate, delta rule, `o_norm`) in one kernel"),
     Option("kda_decode_gates", True, ("fuse_kda_proj", "kda_decode_kernel"), "Triton, CUDA", "ops/kda_decode",
            "that kernel also computes the gates' up-projections and beta: three launches a decode step"),
+    Option("kda_verify_kernel", True, ("kda_decode_kernel",), "Triton, CUDA; a speculative config", "ops/kda_decode",
+           "a speculative verify step's KDA (conv, gate and delta rule over each request's 1 + k tokens, every token's state kept, `o_norm`) in one kernel, for up to 4 requests (off: vLLM's conv-update and recurrent kernels and `o_norm`, 1.04-1.64x the kernel's time a layer on an H100)"),
     Option("router_kernel", True, (), "Triton, CUDA; no data or expert parallelism, no dual-batch overlap", "ops/moe_route",
            "the MoE routing of decode batches (logits, top-k, weights) in one kernel"),
     Option("moe_kernels", True, (), _EMU, "ops/moe_decode",

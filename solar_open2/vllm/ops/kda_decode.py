@@ -8,15 +8,16 @@ import torch
 import triton                       # the kernel below; callers import this module, `solar_open2` never does
 import triton.language as tl
 
-from ...kda import GatedRMSNorm, kda_beta, kda_gate, kda_recurrent, short_conv
+from ...kda import GatedRMSNorm, kda_beta, kda_gate, kda_recurrent, kda_verify, short_conv, short_conv_verify
 from ...nvfp4 import relative_rms
 from . import check_device, interpreting
 from .tiles import H200, TileTable
 
 # %% auto #0
-__all__ = ['DECODE_TILES', 'MAX_DECODE_SEQS', 'NUM_WARPS', 'LR_BLOCK_R', 'CHECK_CASES', 'LR_CHECK_CASES', 'kda_decode_torch',
-           'random_case', 'kda_decode_kernel', 'kda_decode_triton', 'self_check', 'kda_decode_lr_torch',
-           'random_lr_case', 'kda_decode_lr_triton', 'lr_check']
+__all__ = ['DECODE_TILES', 'MAX_DECODE_SEQS', 'NUM_WARPS', 'LR_BLOCK_R', 'CHECK_CASES', 'LR_CHECK_CASES', 'MAX_VERIFY_SEQS',
+           'VERIFY_CASES', 'kda_decode_torch', 'random_case', 'kda_decode_kernel', 'kda_decode_triton', 'self_check',
+           'kda_decode_lr_torch', 'random_lr_case', 'kda_decode_lr_triton', 'lr_check', 'kda_verify_torch',
+           'random_verify_case', 'kda_verify_kernel', 'kda_verify_triton', 'verify_check']
 
 # %% ../../../nbs/08_ops/04_kda_decode.ipynb #e1a00007
 def _check(qkv, conv_state, conv_w, g1, beta, g2, rec_state, idx)->tuple:
@@ -293,3 +294,203 @@ def lr_check(cases=LR_CHECK_CASES, device:str="cpu", dtype:str="float32", seed:i
                     "rec_state": relative_rms(c["rec_state"][live].cpu(), r["rec_state"][live].cpu()),
                     "conv_state": relative_rms(c["conv_state"][live].cpu(), r["conv_state"][live].cpu())})
     return out
+
+# %% ../../../nbs/08_ops/04_kda_decode.ipynb #5e1f0a02
+def _check_verify(qkv, conv_state, conv_w, g1, beta, g2, rec_state, rows, nacc, qsl)->tuple:
+    "(T, Hl, D, W, N, L) of a verify step (L = 1 + drafts, the most tokens a request verifies), with a message naming the argument that does not fit."
+    if rows.dim() != 2 or rows.shape[0] < 1 or rows.shape[1] < 1:
+        raise ValueError(f"rows must be [N >= 1, 1 + drafts] state slots, got {list(rows.shape)}")
+    N, L = rows.shape
+    if tuple(nacc.shape) != (N,): raise ValueError(f"nacc must be [{N}] (accepted tokens of the last step), got {list(nacc.shape)}")
+    if tuple(qsl.shape) != (N + 1,): raise ValueError(f"qsl must be [{N + 1}] (query start locations), got {list(qsl.shape)}")
+    T, Hl, D, W = _check(qkv, conv_state[..., :conv_w.shape[-1] - 1], conv_w, g1, beta, g2, rec_state, rows[:1, 0])
+    if conv_state.shape[-1] < W - 2 + L:
+        raise ValueError(f"conv_state must be widened to {W - 2 + L} columns (K-1 + drafts) for {L} tokens a request, got {conv_state.shape[-1]}")
+    return T, Hl, D, W, N, L
+
+def kda_verify_torch(qkv:torch.Tensor, # [T, 3·P] pre-conv q | k | v of each request's 1 + k tokens, packed by qsl
+                     conv_state:torch.Tensor, # [slots, 3·P, W-2+L] (widened, channels first), updated in place
+                     conv_w:torch.Tensor, g1:torch.Tensor, A_log:torch.Tensor, dt_bias:torch.Tensor, # as `kda_decode_torch`'s
+                     beta:torch.Tensor, g2:torch.Tensor, norm_w:torch.Tensor, eps:float, # as `kda_decode_torch`'s
+                     rec_state:torch.Tensor, # [slots, Hl, D, D] fp32, updated in place
+                     rows:torch.Tensor, # [N, L] int: request i's slots; its state after token t goes to rows[i, t]
+                     nacc:torch.Tensor, # [N] int: tokens the request's last step accepted (1 + accepted drafts)
+                     qsl:torch.Tensor, # [N+1] int: request i's tokens are qkv[qsl[i]:qsl[i+1]] (at most L)
+                     out:torch.Tensor|None=None, # [T, Hl, D] written; new when None
+                    )->torch.Tensor: # [T, Hl, D]
+    """A verify step through the reference: each request resumes from the recurrent state in `rows[i, nacc-1]` and the conv
+    window at columns `[nacc-1, nacc-1+W-1)` of slot `rows[i, 0]`, runs `short_conv_verify`, the gate and `kda_verify`
+    over its tokens, keeps the state after token t in `rows[i, t]`, writes the conv row `[window[1:], x_0, ...]` from
+    column 0, and norms the outputs. Requests on the null slot and tokens of no request come out as zeros."""
+    T, Hl, D, W, N, L = _check_verify(qkv, conv_state, conv_w, g1, beta, g2, rec_state, rows, nacc, qsl)
+    P, M = Hl * D, W - 1
+    out = torch.zeros(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out.zero_()
+    norm = GatedRMSNorm(D, eps).to(qkv.device)
+    with torch.no_grad(): norm.weight.copy_(norm_w)
+    for i in range(N):
+        s, e, row = int(qsl[i]), int(qsl[i + 1]), [int(r) for r in rows[i].tolist()]
+        a = min(max(int(nacc[i]) - 1, 0), L - 1)                                # the accepted offset
+        if e <= s or row[0] <= 0 or row[a] <= 0: continue
+        if e - s > L: raise ValueError(f"request {i} verifies {e - s} tokens, its slot row holds {L}")
+        x = qkv[s:e]                                                            # [n_i, 3·P]
+        win = conv_state[row[0], :, a:a + M]                                    # [3·P, W-1]: the accepted window
+        y, _ = short_conv_verify(x[None], conv_w.reshape(3 * P, 1, W), win[None].to(x.dtype))   # [1, n_i, 3·P]
+        conv_state[row[0], :, :M - 1 + e - s] = torch.cat([win[:, 1:], x.T.to(conv_state.dtype)], -1)   # [3·P, W-2+n_i]
+        q, k, v = (t.reshape(1, e - s, Hl, D) for t in y[0].split(P, -1))       # [n_i, 3·P] -> [1, n_i, Hl, D] x3
+        g = kda_gate(g1[s:e], A_log, dt_bias)[None]                             # [1, n_i, Hl, D] fp32 log-decay
+        o, St = kda_verify(q, k, v, g, beta[s:e][None], initial_state=rec_state[row[a]][None].transpose(-1, -2),
+                           use_qk_l2norm_in_kernel=True)                        # o [1, n_i, Hl, D], St [1, n_i, Hl, K, V]
+        for t in range(e - s):
+            if row[t] > 0: rec_state[row[t]] = St[0, t].transpose(-1, -2).to(rec_state.dtype)
+        out[s:e] = norm(o[0], g2[s:e].reshape(e - s, Hl, D)).to(out.dtype)      # [n_i, Hl, D]
+    return out
+
+def random_verify_case(N:int, L:int, Hl:int, D:int, W:int, slots:int, lens=None, nacc=None, dtype=torch.float32, seed:int=0,
+                       null_req:bool=True, pad_tokens:int=1)->dict:
+    "Random `kda_verify_torch` arguments: N requests of `lens` tokens (default L each) resuming at `nacc`; the first on the null block when `null_req`; `pad_tokens` rows after the last request."
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)
+    P = Hl * D
+    lens = [L] * N if lens is None else list(lens)
+    nacc = [int(x) for x in torch.randint(1, L + 1, (N,), generator=g)] if nacc is None else list(nacc)
+    perm = (torch.randperm(slots - 1, generator=g) + 1)[:N * L].reshape(N, L)    # distinct slots >= 1
+    if null_req: perm[0] = 0
+    T = sum(lens) + pad_tokens
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    return dict(qkv=r(T, 3 * P + Hl).to(dtype)[:, :3 * P], conv_state=r(slots, 3 * P, W - 2 + L).to(dtype),
+                conv_w=r(3 * P, 1, W), g1=r(T, P).to(dtype), A_log=r(1, 1, Hl, 1), dt_bias=r(P),
+                beta=2 * torch.sigmoid(r(T, Hl)), g2=r(T, P).to(dtype), norm_w=0.5 + torch.rand(D, generator=g), eps=1e-6,
+                rec_state=0.3 * r(slots, Hl, D, D), rows=perm.to(torch.int32), nacc=torch.tensor(nacc, dtype=torch.int32), qsl=qsl)
+
+
+# %% ../../../nbs/08_ops/04_kda_decode.ipynb #5e1f0a06
+@triton.jit
+def _conv_verify(qkv_ptr, cs_ptr, cw_ptr, s, a, slot0, ch, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap,
+                 t:tl.constexpr, W:tl.constexpr):
+    "SiLU(causal conv) of a request's token `t` (row s + t) over channels `ch` [D]: its inputs before the request from the window at column `a` of slot `slot0`, the rest from the request's earlier rows; rounded to the input's dtype, returned fp32."
+    x = tl.load(qkv_ptr + (s + t) * stride_qkv + ch, mask=ok, other=0.0)                     # [D] the token's inputs
+    y = tl.load(cw_ptr + ch * W + (W - 1)) * x.to(tl.float32)                                 # the newest tap
+    for j in tl.static_range(W - 1):
+        if t - (W - 1) + j >= 0:                                               # an earlier token of the request
+            xin = tl.load(qkv_ptr + (s + t - (W - 1) + j) * stride_qkv + ch, mask=ok, other=0.0)
+        else:                                                                  # the window: column a + t + j
+            xin = tl.load(cs_ptr + slot0 * stride_cs_slot + ch * stride_cs_dim + (a + t + j) * stride_cs_tap, mask=ok, other=0.0)
+        y += tl.load(cw_ptr + ch * W + j) * xin.to(tl.float32)
+    y = y / (1.0 + tl.exp(-y))                                                 # SiLU, fp32
+    return y.to(x.dtype).to(tl.float32)
+
+@triton.jit
+def _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, ch, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap,
+               W:tl.constexpr, L:tl.constexpr):
+    "Write the conv row after the request's tokens from column 0: the window's last W-2 inputs, then the tokens' inputs (a barrier between each read and its write)."
+    cs = cs_ptr + slot0 * stride_cs_slot + ch * stride_cs_dim
+    for c in tl.static_range(W - 2):                                           # column c <- a + 1 + c: ascending never clobbers a source
+        old = tl.load(cs + (a + 1 + c) * stride_cs_tap, mask=ok)
+        tl.debug_barrier()
+        tl.store(cs + c * stride_cs_tap, old, mask=ok)
+        tl.debug_barrier()
+    for u in tl.static_range(L):
+        x = tl.load(qkv_ptr + (s + u) * stride_qkv + ch, mask=ok & (u < n_tok))
+        tl.store(cs + (W - 2 + u) * stride_cs_tap, x.to(cs_ptr.dtype.element_ty), mask=ok & (u < n_tok))
+
+@triton.jit
+def kda_verify_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, g2_ptr, nw_ptr, h_ptr, rows_ptr, nacc_ptr,
+                      qsl_ptr, o_ptr, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta,
+                      stride_g2, stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows, scale, eps,
+                      D:tl.constexpr, W:tl.constexpr, L:tl.constexpr):
+    """Grid (N, Hl): request `i`'s up to L tokens through conv, gate, delta rule and gated RMSNorm for head `h`, the
+    state carried in registers from slot rows[i, nacc-1] and stored after each token into rows[i, t]."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    s = tl.load(qsl_ptr + i)
+    n_tok = tl.load(qsl_ptr + i + 1) - s                                       # this request's tokens (0: a graph's padding)
+    a = tl.minimum(tl.maximum(tl.load(nacc_ptr + i) - 1, 0), L - 1)           # the accepted offset
+    slot0 = tl.load(rows_ptr + i * stride_rows)
+    sslot = tl.load(rows_ptr + i * stride_rows + a)
+    ok = (n_tok > 0) & (slot0 > 0) & (sslot > 0)                               # the null block: zeros, no state touched
+    d = tl.arange(0, D)
+    cq, ck, cv = h * D + d, P + h * D + d, 2 * P + h * D + d                   # [D] channels of q, k, v
+    alpha = -tl.exp(tl.load(alog_ptr + h))
+    hp = h_ptr + h * stride_h_head + d[:, None] * stride_h_v + d[None, :]     # [V, K] offsets within a slot
+    S = tl.load(hp + sslot * stride_h_slot, mask=ok, other=0.0)               # [V, K] fp32, the accepted state
+    for t in tl.static_range(L):
+        okt = ok & (t < n_tok)
+        q = _conv_verify(qkv_ptr, cs_ptr, cw_ptr, s, a, slot0, cq, okt, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, t, W)
+        k = _conv_verify(qkv_ptr, cs_ptr, cw_ptr, s, a, slot0, ck, okt, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, t, W)
+        v = _conv_verify(qkv_ptr, cs_ptr, cw_ptr, s, a, slot0, cv, okt, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, t, W)
+        q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale                          # l2norm, then D^-1/2
+        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        ga = tl.load(g1_ptr + (s + t) * stride_g1 + h * D + d, mask=okt, other=0.0).to(tl.float32) + tl.load(dtb_ptr + h * D + d)
+        g = alpha * tl.where(ga <= 20.0, tl.log(1.0 + tl.exp(ga)), ga)         # [D] -exp(A)·softplus
+        beta = tl.load(beta_ptr + (s + t) * stride_beta + h, mask=okt, other=0.0).to(tl.float32)
+        S = S * tl.exp(g)[None, :]                                             # decay each key channel
+        S = S + (beta * (v - tl.sum(S * k[None, :], axis=1)))[:, None] * k[None, :]   # delta write: β (v - S k) kᵀ
+        dst = tl.load(rows_ptr + i * stride_rows + t)
+        tl.store(hp + dst * stride_h_slot, S, mask=okt & (dst > 0))           # the state after token t
+        o = tl.sum(S * q[None, :], axis=1)                                     # [V]
+        tl.store(o_ptr + (s + t) * stride_o + h * D + d, o.to(o_ptr.dtype.element_ty), mask=okt)   # rounded, normed below
+    tl.debug_barrier()                                                         # every read of the window, every o, before what follows
+    _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, cq, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, W, L)
+    _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, ck, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, W, L)
+    _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, cv, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, W, L)
+    nw = tl.load(nw_ptr + d).to(tl.float32)
+    for t in tl.static_range(L):                                               # the gated RMSNorm, the state no longer live
+        okt = ok & (t < n_tok)
+        o = tl.load(o_ptr + (s + t) * stride_o + h * D + d, mask=okt, other=0.0).to(tl.float32)
+        g2 = tl.load(g2_ptr + (s + t) * stride_g2 + h * D + d, mask=okt, other=0.0).to(tl.float32)
+        y = o * tl.rsqrt(tl.sum(o * o) / D + eps) * nw / (1.0 + tl.exp(-g2))
+        tl.store(o_ptr + (s + t) * stride_o + h * D + d, tl.where(okt, y, 0.0).to(o_ptr.dtype.element_ty), mask=t < n_tok)
+
+def kda_verify_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, norm_w, eps:float, rec_state, rows, nacc, qsl,
+                      out:torch.Tensor|None=None, num_warps:int=NUM_WARPS)->torch.Tensor:
+    "`kda_verify_torch` in one launch (same arguments) after zeroing `out` [T, Hl, D] (rows of no request stay zero); states updated in place."
+    T, Hl, D, W, N, L = _check_verify(qkv, conv_state, conv_w, g1, beta, g2, rec_state, rows, nacc, qsl)
+    if D & (D - 1): raise ValueError(f"the head size must be a power of two, got {D}")
+    for n_, t_ in (("qkv", qkv), ("g1", g1), ("g2", g2), ("beta", beta), ("rows", rows)):
+        if t_.stride(-1) != 1: raise ValueError(f"{n_} must have unit stride in its last dimension")
+    check_device(qkv, "kda_verify_triton")
+    if rec_state.dtype != torch.float32 or rec_state.stride(3) != 1 or rec_state.stride(1) != D * D:
+        raise ValueError(f"rec_state must be fp32 with contiguous [D, D] heads, got {rec_state.dtype} strides {rec_state.stride()}")
+    out = torch.zeros(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out.zero_()
+    if tuple(out.shape) != (T, Hl, D) or not out.is_contiguous(): raise ValueError(f"out must be a contiguous [{T}, {Hl}, {D}]")
+    cw = conv_w.reshape(3 * Hl * D, W).contiguous()                              # [3·P, 1, W] -> [3·P, W]
+    kda_verify_kernel[(N, Hl)](qkv, conv_state, cw, g1, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), beta, g2,
+        norm_w.contiguous(), rec_state, rows, nacc, qsl, out, Hl * D, qkv.stride(0), conv_state.stride(0),
+        conv_state.stride(1), conv_state.stride(2), g1.stride(0), beta.stride(0), g2.stride(0), rec_state.stride(0),
+        rec_state.stride(1), rec_state.stride(2), out.stride(0), rows.stride(0), D ** -0.5, eps, D=D, W=W, L=L,
+        num_warps=num_warps)
+    return out
+
+
+# %% ../../../nbs/08_ops/04_kda_decode.ipynb #5e1f0a08
+# the verifies the layer gives the kernel: benchmarks/kernels/kda_verify.py on an H100 (benchmarks/results/current/kda_verify_h100.json)
+# measured 1 and 4 requests (1.21-1.64x and 1.04-1.57x faster than the unfused path); larger verify batches take the unfused path
+MAX_VERIFY_SEQS = 4
+
+VERIFY_CASES = (   # (N, L, Hl, D, W, slots, lens, nacc)
+    (3, 4, 2, 16, 4, 16, None, None),            # k = 3; the first request on the null block
+    (3, 4, 2, 16, 4, 16, (4, 2, 0), (1, 4, 2)),  # a short request and a padding request (no tokens)
+    (2, 2, 1, 32, 3, 8, (2, 1), (2, 1)),         # k = 1, conv width 3
+    (2, 8, 1, 16, 4, 20, None, (8, 5)),          # k = 7, the published draft head's block
+    (2, 4, 2, 16, 2, 12, None, (2, 3)),          # conv width 2: a window of one column
+    (1, 4, 1, 128, 4, 6, None, (3,)),            # the real head size
+)
+
+def verify_check(cases=VERIFY_CASES, device:str="cpu", dtype:str="float32", seed:int=0, offset_zero:bool=False)->list:
+    "Per case: relative RMS of `kda_verify_triton` against `kda_verify_torch` (output, states) and whether slots no request owns are bit-identical. `offset_zero`: a broken kernel, every request resumed at offset 0."
+    out = []
+    for i, (N, L, Hl, D, W, slots, lens, nacc) in enumerate(cases):
+        c = {k: (v.to(device) if torch.is_tensor(v) else v)
+             for k, v in random_verify_case(N, L, Hl, D, W, slots, lens, nacc, getattr(torch, dtype), seed + i, null_req=lens is None).items()}
+        r = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in c.items()}
+        ref = kda_verify_torch(**r)
+        if offset_zero: c["nacc"] = torch.ones_like(c["nacc"])
+        got = kda_verify_triton(**c)
+        owned = c["rows"][c["rows"] > 0].long().unique()
+        rest = [s for s in range(slots) if s not in owned.tolist()]
+        out.append({"case": [N, L, Hl, D, W, slots], "dtype": dtype, "out": relative_rms(got.cpu(), ref.cpu()),
+                    "rec_state": relative_rms(c["rec_state"][owned].cpu(), r["rec_state"][owned].cpu()),
+                    "conv_state": relative_rms(c["conv_state"][owned].cpu(), r["conv_state"][owned].cpu()),
+                    "untouched": bool(torch.equal(c["rec_state"][rest], r["rec_state"][rest])
+                                      and torch.equal(c["conv_state"][rest], r["conv_state"][rest]))})
+    return out
+
