@@ -467,7 +467,7 @@ def kda_verify_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, nor
 MAX_VERIFY_SEQS = 4
 
 VERIFY_CASES = (   # (N, L, Hl, D, W, slots, lens, nacc)
-    (3, 4, 2, 16, 4, 16, None, None),            # k = 3; the first request on the null block
+    (3, 4, 2, 16, 4, 16, None, None),            # k = 3; the first request on the null block (so in every case of several requests without lens)
     (3, 4, 2, 16, 4, 16, (4, 2, 0), (1, 4, 2)),  # a short request and a padding request (no tokens)
     (2, 2, 1, 32, 3, 8, (2, 1), (2, 1)),         # k = 1, conv width 3
     (2, 8, 1, 16, 4, 20, None, (8, 5)),          # k = 7, the published draft head's block
@@ -480,7 +480,8 @@ def verify_check(cases=VERIFY_CASES, device:str="cpu", dtype:str="float32", seed
     out = []
     for i, (N, L, Hl, D, W, slots, lens, nacc) in enumerate(cases):
         c = {k: (v.to(device) if torch.is_tensor(v) else v)
-             for k, v in random_verify_case(N, L, Hl, D, W, slots, lens, nacc, getattr(torch, dtype), seed + i, null_req=lens is None).items()}
+             for k, v in random_verify_case(N, L, Hl, D, W, slots, lens, nacc, getattr(torch, dtype), seed + i,
+                                            null_req=lens is None and N > 1).items()}   # a lone request is live
         r = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in c.items()}
         ref = kda_verify_torch(**r)
         if offset_zero: c["nacc"] = torch.ones_like(c["nacc"])
