@@ -12,8 +12,8 @@ def test_no_gpu_exits_2_and_rotations_exceed_the_l2():
     r = subprocess.run(SCRIPT, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "no CUDA device" in r.stderr
     from benchmarks.kernels import kda_verify as m
-    assert [m.rotations_for(N, k, 32, 128) for N, k in ((1, 0), (1, 3), (2, 7), (8, 7))] == [50, 13, 4, 4]
-    assert all(m.rotations_for(N, k, 32, 128) * N * (k + 1) * 32 * 128 * 128 * 4 >= 2 * m.L2_BYTES
+    assert [m.rotations_for(N, k, 32, 128) for N, k in ((1, 0), (1, 3), (2, 7), (8, 7))] == [50, 13, 8, 8]
+    assert all(m.rotations_for(N, k, 32, 128) * N * (k + 1) * 32 * 128 * 128 * 4 >= 2 * m.kda_decode.L2_BYTES
                for N, k in ((1, 0), (1, 3), (2, 3), (4, 1)))                  # at least 100 MB of states a replay
 
 def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):

@@ -42,8 +42,12 @@ def make_inputs(T:int, slots:int, Hl:int, D:int, W:int, dtype, device, dim_first
     from solar_open2.vllm.ops.kda_decode import random_case
     c = random_case(T, T, Hl, D, W, slots, dtype, seed, null_row=False)
     c["idx"] = torch.arange(1, T + 1, dtype=torch.int32)                   # slots 1..T; rotations shift them
-    if not dim_first:                                                       # [slots, W-1, 3P] storage, seen as [slots, 3P, W-1]
-        c["conv_state"] = c["conv_state"].transpose(1, 2).contiguous().transpose(1, 2)
+    return on_device(c, device, dim_first)
+
+def on_device(c:dict, device, dim_first:bool)->dict:
+    "A case's tensors on `device`, its conv state stored as vLLM allocates it (not `dim_first`: [slots, cols, 3P] storage, seen as [slots, 3P, cols])."
+    import torch
+    if not dim_first: c["conv_state"] = c["conv_state"].transpose(1, 2).contiguous().transpose(1, 2)
     return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in c.items()}
 
 def o_norm_module(D:int, eps:float, weight, device):

@@ -26,9 +26,8 @@ from __future__ import annotations
 import argparse, json, sys, time
 
 from benchmarks.common import add_run_args, int_list, json_writer, result_paths, time_graph
-from benchmarks.kernels.kda_decode import gate, make_inputs, o_norm_module, start
-
-L2_BYTES = 50 * 2 ** 20
+from benchmarks.kernels import kda_decode
+from benchmarks.kernels.kda_decode import gate, make_inputs, o_norm_module, on_device, start
 
 def verify_inputs(N:int, k:int, slots:int, Hl:int, D:int, W:int, dtype, device, dim_first:bool=True, seed:int=0,
                   nacc=None)->dict:
@@ -37,9 +36,7 @@ def verify_inputs(N:int, k:int, slots:int, Hl:int, D:int, W:int, dtype, device, 
     from solar_open2.vllm.ops.kda_decode import random_verify_case
     c = random_verify_case(N, k + 1, Hl, D, W, slots, nacc=nacc, dtype=dtype, seed=seed, null_req=False, pad_tokens=0)
     c["rows"] = torch.arange(1, 1 + N * (k + 1), dtype=torch.int32).reshape(N, k + 1)   # rotations shift them
-    if not dim_first:                                                       # [slots, W-2+L, 3P] storage, seen as [slots, 3P, W-2+L]
-        c["conv_state"] = c["conv_state"].transpose(1, 2).contiguous().transpose(1, 2)
-    return {key: (v.to(device) if torch.is_tensor(v) else v) for key, v in c.items()}
+    return on_device(c, device, dim_first)
 
 def unfused_verify(c:dict, kn, o_norm)->"torch.Tensor":
     "The op body's verify as the layer runs it with the kernel off: `kda_verify_unfused` into a zeroed core, then `o_norm`."
@@ -73,9 +70,8 @@ def bf16_check(kn, device, shapes:dict, dim_first:bool=True)->dict:
     return r
 
 def rotations_for(N:int, k:int, Hl:int, D:int)->int:
-    "Rotations whose recurrent states (every token's slot) together exceed twice the L2."
-    per = N * (k + 1) * Hl * D * D * 4
-    return max(4, -(-2 * L2_BYTES // per))
+    "Rotations whose recurrent states (every token's slot: N(1 + k) of them) together exceed twice the L2, as for the decode kernel."
+    return kda_decode.rotations_for(N * (k + 1), Hl, D)
 
 GATE_RULE = "fp32 cases within 1e-5 of the plain path (slots no request owns untouched); bf16 at most 1.5x the unfused path's distance"
 # the sanity gate is the decode benchmark's (`gate`, imported above): the same two kinds of checks

@@ -173,22 +173,27 @@ def kda_decode_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, nor
     return _launch("kda_decode_triton", (("qkv", qkv), ("g1", g1), ("g2", g2), ("beta", beta)), T, Hl, D, W, qkv,
                    conv_state, conv_w, g1, A_log, dt_bias, beta, g2, norm_w, eps, rec_state, idx, out, num_warps)
 
-def _launch(name:str, unit:tuple, T:int, Hl:int, D:int, W:int, qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2,
-            norm_w, eps:float, rec_state, idx, out, num_warps:int, wfb=None, wgb=None, block_r:int=1,
-            neg_eigval:bool=False)->torch.Tensor:
-    """What both wrappers share after their shape checks: a power-of-two head size, a unit inner stride for each
-    `(name, tensor)` of `unit`, a platform that runs the kernel, the state's layout, `out`; then one launch, in the
-    gates mode when `wfb` is given (g1 = fg, beta = the logits, g2 unused)."""
+def _prepare(name:str, unit:tuple, T:int, Hl:int, D:int, W:int, qkv, conv_w, rec_state, out)->tuple:
+    """What every wrapper of this chapter checks after its shapes: a power-of-two head size, a unit inner stride for
+    each `(name, tensor)` of `unit`, a platform that runs the kernel, the state's layout, `out` (new when None); then
+    `(out, conv_w as [3·P, W])`."""
     if D & (D - 1): raise ValueError(f"the head size must be a power of two, got {D}")
     for n_, t_ in unit:
         if t_.stride(-1) != 1: raise ValueError(f"{n_} must have unit stride in its last dimension")
-    if wfb is not None and wfb.stride(0) != wgb.stride(0): raise ValueError("wfb and wgb must have one row stride")
     check_device(qkv, name)
     if rec_state.dtype != torch.float32 or rec_state.stride(3) != 1 or rec_state.stride(1) != D * D:
         raise ValueError(f"rec_state must be fp32 with contiguous [D, D] heads, got {rec_state.dtype} strides {rec_state.stride()}")
     out = torch.empty(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out
     if tuple(out.shape) != (T, Hl, D) or not out.is_contiguous(): raise ValueError(f"out must be a contiguous [{T}, {Hl}, {D}]")
-    cw = conv_w.reshape(3 * Hl * D, W).contiguous()                              # [3·P, 1, W] -> [3·P, W]
+    return out, conv_w.reshape(3 * Hl * D, W).contiguous()                      # [3·P, 1, W] -> [3·P, W]
+
+def _launch(name:str, unit:tuple, T:int, Hl:int, D:int, W:int, qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2,
+            norm_w, eps:float, rec_state, idx, out, num_warps:int, wfb=None, wgb=None, block_r:int=1,
+            neg_eigval:bool=False)->torch.Tensor:
+    """What both decode wrappers share after their shape checks (`_prepare`'s), then one launch, in the gates mode when
+    `wfb` is given (g1 = fg, beta = the logits, g2 unused)."""
+    out, cw = _prepare(name, unit, T, Hl, D, W, qkv, conv_w, rec_state, out)
+    if wfb is not None and wfb.stride(0) != wgb.stride(0): raise ValueError("wfb and wgb must have one row stride")
     gates = wfb is not None
     R = wfb.shape[1] if gates else 1
     kda_decode_kernel[(T, Hl)](qkv, conv_state, cw, g1, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), beta, g2,
@@ -444,15 +449,9 @@ def kda_verify_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, nor
                       out:torch.Tensor|None=None, num_warps:int=NUM_WARPS)->torch.Tensor:
     "`kda_verify_torch` in one launch (same arguments) after zeroing `out` [T, Hl, D] (rows of no request stay zero); states updated in place."
     T, Hl, D, W, N, L = _check_verify(qkv, conv_state, conv_w, g1, beta, g2, rec_state, rows, nacc, qsl)
-    if D & (D - 1): raise ValueError(f"the head size must be a power of two, got {D}")
-    for n_, t_ in (("qkv", qkv), ("g1", g1), ("g2", g2), ("beta", beta), ("rows", rows)):
-        if t_.stride(-1) != 1: raise ValueError(f"{n_} must have unit stride in its last dimension")
-    check_device(qkv, "kda_verify_triton")
-    if rec_state.dtype != torch.float32 or rec_state.stride(3) != 1 or rec_state.stride(1) != D * D:
-        raise ValueError(f"rec_state must be fp32 with contiguous [D, D] heads, got {rec_state.dtype} strides {rec_state.stride()}")
-    out = torch.zeros(T, Hl, D, dtype=qkv.dtype, device=qkv.device) if out is None else out.zero_()
-    if tuple(out.shape) != (T, Hl, D) or not out.is_contiguous(): raise ValueError(f"out must be a contiguous [{T}, {Hl}, {D}]")
-    cw = conv_w.reshape(3 * Hl * D, W).contiguous()                              # [3·P, 1, W] -> [3·P, W]
+    out, cw = _prepare("kda_verify_triton", (("qkv", qkv), ("g1", g1), ("g2", g2), ("beta", beta), ("rows", rows)),
+                       T, Hl, D, W, qkv, conv_w, rec_state, out)
+    out.zero_()                                                                  # the rows of no request (a graph's padding)
     kda_verify_kernel[(N, Hl)](qkv, conv_state, cw, g1, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), beta, g2,
         norm_w.contiguous(), rec_state, rows, nacc, qsl, out, Hl * D, qkv.stride(0), conv_state.stride(0),
         conv_state.stride(1), conv_state.stride(2), g1.stride(0), beta.stride(0), g2.stride(0), rec_state.stride(0),
