@@ -15,8 +15,8 @@ __all__ = ['GiB', 'VOCAB_PADDING', 'KV_CACHE_DTYPES', 'MIN_KERNEL_BLOCK', 'GUARD
            'kda_state_shapes', 'kda_state_bytes', 'kv_dtype_bytes', 'attn_bytes_per_token', 'hybrid_block_size',
            'KVLayout', 'kv_layout', 'kv_capacity', 'max_fitting_len', 'align_saved_boundaries', 'prefix_hit_tokens',
            'NodeMemory', 'calibrate_node', 'spark', 'node_headroom', 'cudagraph_bytes', 'capture_sizes_for',
-           'vllm_capture_sizes', 'expected_experts', 'decode_bytes', 'decode_ceiling', 'BudgetPlan', 'plan',
-           'format_plan', 'GPU', 'GPUPlan', 'gpu_plan', 'rank_config', 'save_plots', 'calculator', 'cli_budget']
+           'vllm_capture_sizes', 'expected_experts', 'decode_bytes', 'decode_ceiling', 'verify_bytes', 'BudgetPlan',
+           'plan', 'format_plan', 'GPU', 'GPUPlan', 'gpu_plan', 'rank_config', 'save_plots', 'calculator', 'cli_budget']
 
 # %% ../nbs/07_budget.ipynb #4ad83b8d
 GiB = 2**30
@@ -361,6 +361,20 @@ def decode_ceiling(bandwidth, cfg:SolarOpen2Config|None=None, tp:int=2, context:
     "Upper bound on output tokens/s per sequence; `bandwidth` in bytes/s or a key of `BANDWIDTH`."
     bw = BANDWIDTH[bandwidth] if isinstance(bandwidth, str) else bandwidth
     return bw / decode_bytes(cfg, tp, context, batch=batch, **kw)
+
+# %% ../nbs/07_budget.ipynb #b6a22c01
+def verify_bytes(cfg:SolarOpen2Config|None=None, tp:int=2, context:int=0, tokens:int=1, kv_cache_dtype:str="auto",
+                 build:str="nvfp4", router_dtype:str="float32", by_part:bool=False):
+    "Bytes one rank moves for one speculative step of one sequence: `tokens` (1 + k drafts) verified at `context` (dict with `by_part`)."
+    if tokens < 1: raise ValueError(f"tokens must be >= 1 (the step's own token plus its drafts), got {tokens}")
+    cfg = cfg or SolarOpen2Config.real()
+    c = decode_bytes(cfg, tp, context, kv_cache_dtype, build, router_dtype, batch=1, by_part=True)
+    E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    c["routed_experts"] *= expected_experts(E, k, tokens) / expected_experts(E, k, 1)   # distinct experts of the tokens
+    c["embed_row"] *= tokens
+    c["kda_state"] *= (1 + tokens) / 2         # decode: read + write; verify: read the accepted state, store one a token
+    c["kv_write"] *= tokens
+    return c if by_part else sum(c.values())
 
 # %% ../nbs/07_budget.ipynb #d10ecc5f
 @dataclass

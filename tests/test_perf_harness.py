@@ -883,6 +883,27 @@ def test_ab_summary_carries_the_speculative_figures_and_the_step_ratio(tmp_path)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert any("step x1.25" in t for t in texts) and any("acc 53%, L 2.60" in t for t in texts)
 
+def test_spec_roofline_is_the_budget_chapters_verify_floor():
+    """A speculative figure's ceiling: one verify of 1 + k tokens moves `budget.verify_bytes`; its ratio to one token's
+    bytes is the floor of the A/B's step ratio (1.51x at k = 3, TP2 rank, 2K); MAL x bandwidth / bytes is the tok/s
+    ceiling; k = 0 is a plain decode step; the A/B summary carries the floor beside the measured step ratio."""
+    cfg = SolarOpen2Config.real()
+    r = ph.spec_roofline(cfg, 2, 2048, 3, 2.5, 3.35e12)
+    assert r["tokens"] == 4 and 1.50 < r["floor_ratio"] < 1.51, r
+    assert math.isclose(r["per_seq_tok_s"], 2.5 * 3.35e12 / budget.verify_bytes(cfg, 2, 2048, 4))
+    assert math.isclose(r["step_us"], budget.verify_bytes(cfg, 2, 2048, 4) / 3.35e12 * 1e6)
+    assert ph.spec_roofline(cfg, 2, 2048, 0, 1.0)["floor_ratio"] == 1.0
+    assert ph.spec_roofline(cfg, 2, 2048, 3)["per_seq_tok_s"] is None          # no counters (a draft head): no ceiling
+    fig = {"value_tok_s": 72.0, "fraction_of_roofline": 0.2, "itl_median_ms": 13.95, "tokens_per_step": 1.0,
+           "acceptance": 0.0, "mean_accepted_length": 1.0, "spec_roofline": r}
+    base = {"value_tok_s": 159.0, "fraction_of_roofline": 0.48, "itl_median_ms": 6.27, "tokens_per_step": 1.0}
+    ok = {"decode_bs1_ctx2048": {"passed": True, "degenerate": False}}
+    s = ph.ab_summary({"base": {"status": "complete", "figures": {"decode_bs1_ctx2048": base}, "sanity": ok},
+                       "ngram3": {"status": "complete", "figures": {"decode_bs1_ctx2048": fig}, "sanity": ok}})
+    f = s["variants"]["ngram3"]["figures"]["decode_bs1_ctx2048"]
+    assert f["verify_floor"] == r["floor_ratio"] and math.isclose(f["step_over_baseline"], 13.95 / 6.27)
+    assert s["variants"]["base"]["figures"]["decode_bs1_ctx2048"]["verify_floor"] is None
+
 def test_ab_kills_a_hung_variant_and_runs_the_next(tmp_path, monkeypatch, capsys):
     """A variant whose engine hangs (an EAGLE-3 engine with full graphs did, 2026-12-07) is killed with stack dumps past
     its share of the deadline plus AB_GRACE_S; the next variant still runs, and the A/B's status says it failed."""

@@ -1,6 +1,6 @@
 """The CPU parts of `scripts/gpu_serving_checks.py`: what the GPU jobs expect (from the budget) and the checks that
 judge their results, run here on synthetic results so that each check is seen to fail."""
-import copy, json, os, subprocess, sys
+import copy, json, os, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -175,6 +175,60 @@ def test_checks_script_together_splits_parity_by_mode_and_runs_both_tail_precisi
     assert log.read_text().splitlines() == [
         "F32=unset -m benchmarks.engine.parity --cases compressed-tensors:eager:bfloat16 compressed-tensors:graphs:bfloat16 "
         f"bf16:eager:bfloat16 bf16:graphs:bfloat16 --out {tmp_path}/out/parity --name gpu_parity_vllm_9.9.9 --deadline-s 77"]
+
+
+def test_checks_script_seeds_and_collects_autotuning_and_stops_stale_gpu_processes(tmp_path):
+    """checks.sh: Triton's autotuning results of this card's folder (and no other card's) seed the cache before the jobs,
+    every `*.autotune.json` of the cache (no compiled kernels) comes back under $OUT/triton-autotune/CARD/, and a GPU
+    process an earlier call left running is stopped first."""
+    site, log = fake_site(tmp_path)
+    stale = subprocess.Popen(["sleep", "300"])                                  # an engine a killed call left behind
+    smi = site / "bin" / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env bash\ncase $1 in --query-gpu=name) echo 'NVIDIA H100 80GB HBM3' ;;\n"
+                   f"--query-compute-apps=pid) echo {stale.pid} ;; esac\n")
+    smi.chmod(0o755)
+    seed = tmp_path / "seed"
+    for card, name in (("NVIDIA_H100_80GB_HBM3", "kda_gate_fwd_kernel"), ("NVIDIA_H200", "h200_only_kernel")):
+        (seed / card / "abc").mkdir(parents=True); (seed / card / "abc" / f"{name}.autotune.json").write_text("{}")
+    cache = tmp_path / "cache"
+    (cache / "def").mkdir(parents=True); (cache / "def" / "k.cubin").write_bytes(b"x")
+    (cache / "def" / "chunk_gla_fwd_kernel_o.autotune.json").write_text("{}")   # tuned on this machine
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "AUTOTUNE_SEED": str(seed), "TRITON_CACHE_DIR": str(cache)}
+    try:
+        r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "kda-verify"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert stale.wait(timeout=10) == -9 and f"pids: {stale.pid}" in r.stdout, r.stdout
+    finally:
+        stale.kill()
+    assert (cache / "abc" / "kda_gate_fwd_kernel.autotune.json").exists() and not list(cache.rglob("h200_only_kernel*"))
+    assert "seeded Triton's cache with 1 autotuning results" in r.stdout, r.stdout
+    got = tmp_path / "out" / "triton-autotune" / "NVIDIA_H100_80GB_HBM3"
+    assert sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file()) == [
+        "abc/kda_gate_fwd_kernel.autotune.json", "def/chunk_gla_fwd_kernel_o.autotune.json"]
+    assert "-m benchmarks.kernels.kda_verify" in log.read_text()
+
+
+def test_checks_script_under_timeout_stops_its_job_and_still_returns_the_autotuning(tmp_path):
+    """`timeout` around checks.sh: the running job (here a python3 that sleeps) is stopped with the script, not left
+    holding the GPU, and the autotuning results gathered so far still come back."""
+    site, _ = fake_site(tmp_path)
+    pidfile = tmp_path / "job.pid"
+    (site / "bin" / "python3").write_text("#!/usr/bin/env bash\nif [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
+                                          f"echo $$ > '{pidfile}'\nexec sleep 120\n")
+    (site / "bin" / "nvidia-smi").write_text("#!/usr/bin/env bash\n[ \"$1\" = --query-gpu=name ] && echo 'NVIDIA H200'\nexit 0\n")
+    (site / "bin" / "nvidia-smi").chmod(0o755)
+    cache = tmp_path / "cache"; (cache / "h").mkdir(parents=True); (cache / "h" / "kda_gate_fwd_kernel.autotune.json").write_text("{}")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "TRITON_CACHE_DIR": str(cache),
+           "AUTOTUNE_SEED": str(tmp_path / "none")}
+    t0 = time.monotonic()
+    r = subprocess.run(["timeout", "4", "bash", str(ROOT / "scripts/device/checks.sh"), "kda-verify"], capture_output=True,
+                       text=True, env=env)
+    assert time.monotonic() - t0 < 30, "checks.sh waited for its job instead of stopping it"
+    assert r.returncode == 124 and "stopped by a signal" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    pid = int(pidfile.read_text())
+    time.sleep(0.5)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], "the job outlived checks.sh"
+    assert (tmp_path / "out" / "triton-autotune" / "NVIDIA_H200" / "h" / "kda_gate_fwd_kernel.autotune.json").exists()
 
 
 def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):

@@ -33,6 +33,10 @@
 #                 drafts padded to K (option spec_pad_drafts), ngram_gpu_pad: the same with vLLM's GPU proposer, which
 #                 keeps asynchronous scheduling, ngram_gpu_pad_unfused: that with the option kda_verify_kernel off); SPEC_E2E_DRAFT_KS="3": also spec-rank's random EAGLE-3 head of K tokens per K, every
 #                 draft rejected, so that one job and one baseline give the verify step's cost too)
+#   spec-profile  the speculative step at one TP2 rank of the real model, torch-profiled (timed: never TOGETHER): ngram
+#                 k = SPEC_E2E_K (default 3) with vLLM's GPU proposer, drafts padded, full graphs, one stream at 2K (the
+#                 spec-e2e prompt), 64 tokens, 8 steps profiled by kernel family with the trace kept, into
+#                 $OUT/spec-profile/ (SPEC_PROFILE_ARGS: more perf options, e.g. the H100's of spec-rank)
 #   slice         the GPU parity run on a real-shapes slice (the real model's first 2 layers, drawn on the GPU: 9.1 GB),
 #                 NVFP4 eager and graphs, prompts up to 4K tokens, every kernel the plugin gives the model must launch
 #                 (benchmarks.engine.parity --slice 2; timed nothing: may run TOGETHER with the tiny-checkpoint jobs; PARITY_ARGS
@@ -67,6 +71,15 @@
 #
 # Environment: SITE (default /root/site, where install-on-device.sh put vLLM), DEADLINE_S (each job's own deadline,
 # default 400). The Triton autotuning cache is kept between jobs on the same machine (TRITON_CACHE_AUTOTUNING=1).
+# Triton's autotuning results also travel between machines: at the end checks.sh copies every `*.autotune.json` of
+# its cache (TRITON_CACHE_DIR, default /root/triton-cache) into $OUT/triton-autotune/GPU/ (GPU: the card's name, e.g.
+# NVIDIA_H100_80GB_HBM3; a few hundred kB). Keep that folder here as .stage-autotune/GPU/ and carry
+# ".stage-autotune" into the next call: checks.sh seeds the cache from the folder of this machine's card before the
+# jobs (AUTOTUNE_SEED, default .stage-autotune), so the fresh machine's engines skip the 120-200 s of cold autotuning
+# (Triton's key holds its own version, the backend's target, the kernel's source and the configs, so a stale file is
+# never used; only the card's own folder is seeded, so an H200 never runs an H100's picks).
+# At the start checks.sh stops GPU processes an earlier call left behind (a `timeout` that killed this script leaves
+# its engines running, holding the GPU's memory, and the next engines then fail to start).
 # TOGETHER=1 runs the jobs at the same time on the one GPU (device time is short; none of these jobs times anything):
 # the tiny-checkpoint engines then get a fixed 2 GiB KV pool (vLLM skips its memory profiling, which the other
 # processes' allocations would upset) and demand 8 % of the GPU free at start-up; the kv job's rank engines (71.6 GiB
@@ -80,12 +93,40 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TRITON_CACHE_AUTOTUNING=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9_.\n-' '_')
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/root/triton-cache}
+SEED=${AUTOTUNE_SEED:-.stage-autotune}/$GPU_NAME
+if [ -n "$GPU_NAME" ] && [ -d "$SEED" ]; then
+  mkdir -p "$TRITON_CACHE_DIR" && cp -rn "$SEED"/. "$TRITON_CACHE_DIR"/ \
+    && echo "checks.sh: seeded Triton's cache with $(find "$SEED" -name '*.autotune.json' | wc -l) autotuning results from $SEED"
+fi
+collect_autotune() {                                                  # every tuning result, by hash folder, for the next machine
+  [ -n "$GPU_NAME" ] && [ -d "$TRITON_CACHE_DIR" ] || return 0
+  local dest="$OUT/triton-autotune/$GPU_NAME"
+  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | while IFS= read -r -d '' f; do
+     mkdir -p "$dest/$(dirname "$f")" && cp "$f" "$dest/$f"; done)
+  echo "checks.sh: $(find "$dest" -name '*.autotune.json' 2>/dev/null | wc -l) autotuning results in $dest (keep as .stage-autotune/$GPU_NAME)"
+}
+CHILD=
+on_term() {                                                           # `timeout` or a Ctrl-C: no engine outlives the call
+  echo "checks.sh: stopped by a signal; stopping the running job and its engines"
+  [ -n "$CHILD" ] && kill -TERM "$CHILD" 2> /dev/null; sleep 2
+  [ -n "$CHILD" ] && kill -9 "$CHILD" 2> /dev/null; pkill -9 -f '^VLLM::'
+  collect_autotune; exit 143
+}
+trap on_term TERM INT
+stale=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -dc '0-9\n' | tr '\n' ' ')
+if [ -n "${stale// /}" ] || pgrep -f '^VLLM::' > /dev/null; then
+  echo "checks.sh: stopping GPU processes an earlier call left running (pids: ${stale:-none listed} $(pgrep -f '^VLLM::' | tr '\n' ' '))"
+  [ -n "${stale// /}" ] && kill -9 $stale 2> /dev/null; pkill -9 -f '^VLLM::'; sleep 5
+fi
+
 TOGETHER=${TOGETHER:-0}
 TINY_MEM=(); KV_MEM=(); DYN_MEM=()
 if [ "$TOGETHER" = 1 ]; then
   TINY_MEM=(--gpu-memory-utilization 0.08 --kv-cache-memory-bytes 2147483648); KV_MEM=(--gpu-memory-utilization 0.74)
   DYN_MEM=(--gpu-memory-utilization 0.08)                              # its engines have a fixed pool already
-  for j in "$@"; do case $j in *-rank|spec-e2e|moe-batch|moe-profile|prefill-profile|kda-verify) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
+  for j in "$@"; do case $j in *-rank|spec-e2e|spec-profile|moe-batch|moe-profile|prefill-profile|kda-verify) echo "checks.sh: $j times or profiles kernels; run it alone, not with TOGETHER=1" >&2; exit 2 ;; esac; done
 fi
 
 draft_ab() { printf '%s=--draft-head %s --spec-full-graphs' "$1" "$2"; }   # a random EAGLE-3 head of K tokens, full graphs
@@ -95,8 +136,9 @@ job() {
   local t0=$SECONDS
   mkdir -p "$OUT/$name"
   echo "== $name: $*"
-  "$@" > "$OUT/$name/driver.log" 2>&1
-  local rc=$?
+  "$@" > "$OUT/$name/driver.log" 2>&1 &                               # in the background: a signal reaches on_term at once
+  CHILD=$!; wait "$CHILD"
+  local rc=$?; CHILD=
   tail -n 25 "$OUT/$name/driver.log"
   echo "== $name: exit $rc in $((SECONDS - t0)) s"
 }
@@ -162,6 +204,11 @@ run_one() {
       for k in ${SPEC_E2E_DRAFT_KS:-}; do vs+=(--ab "$(draft_ab "draft$k" "$k")"); done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
         --decode-tokens 256 --prompt-period 64 --log-stats --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SE_EXTRA[@]}" "${vs[@]}" ;;
+    spec-profile) read -r -a SP_EXTRA <<< "${SPEC_PROFILE_ARGS:-}"
+          K=${SPEC_E2E_K:-3}
+          job "$j" python3 -m benchmarks.engine.perf --config rank --phase graphs --only decode,profile --profile \
+            --decode-contexts 2048 --decode-tokens 64 --prompt-period 64 --ngram "$K" --ngram-gpu --spec-full-graphs \
+            --spec-pad-drafts --keep-trace --variant "ngram${K}_gpu_pad_profile" --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SP_EXTRA[@]}" ;;
     prefill-profile) read -r -a PP_EXTRA <<< "${PREFILL_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.perf --config rank --phase graphs --only prefill,profile --prefill-contexts 8192,32768 \
             --profile-prefill --keep-trace --variant prefill_profile --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${PP_EXTRA[@]}" ;;
@@ -174,7 +221,7 @@ run_one() {
   esac
 }
 
-JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e moe-batch moe-rank moe-profile prefill-profile kda-verify "
+JOBS=" old-rank old-parity new-rank new-parity prefix kv dynamo parity tail slice spec spec-rank spec-e2e spec-profile moe-batch moe-rank moe-profile prefill-profile kda-verify "
 for j in "$@"; do
   [[ $JOBS == *" $j "* ]] || { echo "checks.sh: unknown job '$j' ($JOBS)" >&2; exit 2; }
 done
@@ -185,3 +232,4 @@ if [ "$TOGETHER" = 1 ]; then
 else
   for j in "$@"; do run_one "$j"; done
 fi
+collect_autotune

@@ -107,6 +107,18 @@ def decode_roofline(cfg:SolarOpen2Config, tp:int, context:float, batch:int=1, ba
     return {"context": ctx, "batch": batch, "bytes_per_step_per_rank": budget.decode_bytes(cfg, tp, ctx, batch=batch),
             "per_seq_tok_s": per_seq, "aggregate_tok_s": per_seq * batch, "bandwidth_Bps": bandwidth}
 
+def spec_roofline(cfg:SolarOpen2Config, tp:int, context:float, k:int, mal:float|None=None,
+                  bandwidth:float=H200_BANDWIDTH)->dict:
+    """The ceiling of speculative decode with k drafts a step: the budget chapter's bytes of one verify of 1 + k tokens
+    (`budget.verify_bytes`: the routed experts of all the tokens, a state stored per token), their ratio to one token's
+    (`floor_ratio`: no verify step can cost less, relative to a plain step at the same fraction of its roofline), and,
+    given the mean accepted length `mal` (tokens a step), the tok/s ceiling `mal` x bandwidth / bytes."""
+    ctx = int(round(context))
+    vb, one = budget.verify_bytes(cfg, tp, ctx, 1 + k), budget.decode_bytes(cfg, tp, ctx)
+    return {"context": ctx, "tokens": 1 + k, "bytes_per_step_per_rank": vb, "floor_ratio": vb / one,
+            "step_us": vb / bandwidth * 1e6, "mean_accepted_length": mal,
+            "per_seq_tok_s": mal * bandwidth / vb if mal else None, "bandwidth_Bps": bandwidth}
+
 def prefill_flops_per_token(cfg:SolarOpen2Config, tp:int, context:int)->float:
     """FLOPs per prompt token per rank: 2 x active weights (lm_head only on the last token: left out), causal
     attention over an average context/2 in the GQA layers, and the KDA chunk algorithm (chunk 64) in the KDA layers."""

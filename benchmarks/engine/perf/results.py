@@ -197,12 +197,13 @@ def run_merge(a)->int:
 def spec_figure(f:dict, base:dict|None)->dict:
     """A speculative variant's decode figure: tokens per step, acceptance and mean accepted length (vLLM's counters),
     and its median step against the baseline's (`step_over_baseline`: what one verify of 1 + k tokens costs, drafting
-    included, when every draft is rejected). Empty for a figure recorded before these were (no `tokens_per_step`)."""
+    included, when every draft is rejected) beside the bytes' floor of that ratio (`verify_floor`, `spec_roofline`). Empty for a figure recorded before these were (no `tokens_per_step`)."""
     if f.get("tokens_per_step") is None: return {}
     b = (base or {}).get("itl_median_ms")
     return {"tokens_per_step": f.get("tokens_per_step"), "acceptance": f.get("acceptance"),
             "mean_accepted_length": f.get("mean_accepted_length"),
-            "step_over_baseline": f["itl_median_ms"] / b if b and f.get("itl_median_ms") else None}
+            "step_over_baseline": f["itl_median_ms"] / b if b and f.get("itl_median_ms") else None,
+            "verify_floor": (f.get("spec_roofline") or {}).get("floor_ratio")}   # what step_over_baseline cannot go under
 
 def ab_summary(runs:dict)->dict:
     """Figures and profile families of each A/B variant (first = baseline), with each figure's ratio to the baseline;

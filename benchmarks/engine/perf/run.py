@@ -12,7 +12,7 @@ from benchmarks.engine.perf.cli import CONFIG_NOTES, OPTIONS_KEY, PHASES, PLUGIN
 from benchmarks.engine.perf.enginelog import compare_kv, parse_engine_log
 from benchmarks.engine.perf.figures import (H200_BANDWIDTH, H200_BF16_FLOPS, batch_stats, decode_roofline, gpu_peaks, first_token_sanity, output_sanity,
                                             predicted_step_us, prefill_flops_by_family, prefill_roofline, sanity_passed,
-                                            single_stream_stats, with_roofline)
+                                            single_stream_stats, spec_roofline, with_roofline)
 from benchmarks.engine.perf.results import new_result, out_paths, read_ab_runs, run_merge, versions, write_ab, write_result
 from benchmarks.engine.perf.trace import compare_profile, find_traces, load_trace, summarize_trace
 
@@ -346,6 +346,11 @@ def measure(a, llm, res:dict, save, t0:float, cfg:SolarOpen2Config)->None:
              "decode_tok_s": st["decode_tok_s"], "tokens_per_step": st.get("tokens_per_step"),
              **({"acceptance": st["spec"]["acceptance"], "mean_accepted_length": st["spec"]["mean_accepted_length"]}
                 if "spec" in st else {})}, roof, "decode_tok_s", "per_seq_tok_s", "decode-bandwidth")
+        k = getattr(a, "ngram", None) or getattr(a, "draft_head", None)
+        if k:                                       # the verify's own ceiling: 1 + k tokens a step, MAL of them kept
+            f = res["figures"][f"decode_bs1_ctx{ctx}"]
+            f["spec_roofline"] = sr = spec_roofline(cfg, a.tp, ctx + a.decode_tokens / 2, k, f.get("mean_accepted_length"), bw(a))
+            f["fraction_of_spec_roofline"] = st["decode_tok_s"] / sr["per_seq_tok_s"] if sr["per_seq_tok_s"] else None
         smi = getattr(a, "_smi", None)
         res["figure_details"][f"decode_bs1_ctx{ctx}"] = {**st, "smi_running": smi is not None and smi.poll() is None}
 
