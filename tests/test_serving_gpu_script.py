@@ -111,10 +111,11 @@ def test_memory_flags_reach_the_engines():
 def fake_site(tmp_path, args:bool=False)->tuple:
     """A `$SITE` whose `bin/python3` (checks.sh puts it first on PATH) answers `-c` with version 9.9.9 and records every
     other call in the returned log: one line per call, `F32=<TRITON_F32_DEFAULT or unset> ARGS`, or with `args` the
-    last call's arguments one per line."""
+    last call's arguments one per line (and call N's in `args-N.txt` beside it, from 0)."""
     site = tmp_path / "site"; (site / "bin").mkdir(parents=True)
     log = tmp_path / ("args.txt" if args else "calls.txt")
-    record = f"printf '%s\\n' \"$@\" > '{log}'\n" if args else f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n"
+    record = (f"printf '%s\\n' \"$@\" > '{log}'\n"                              # and each call's into args-N.txt
+              f"n=$(ls '{tmp_path}' | grep -c '^args-'); printf '%s\\n' \"$@\" > '{tmp_path}'/args-$n.txt\n") if args else f"echo \"F32=${{TRITON_F32_DEFAULT-unset}} $*\" >> '{log}'\n"
     fake = site / "bin" / "python3"
     fake.write_text("#!/usr/bin/env bash\nif [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n" + record)
     fake.chmod(0o755)
@@ -231,6 +232,25 @@ def test_checks_script_under_timeout_stops_its_job_and_still_returns_the_autotun
     assert (tmp_path / "out" / "triton-autotune" / "NVIDIA_H200" / "h" / "kda_gate_fwd_kernel.autotune.json").exists()
 
 
+def test_checks_script_spec_rank_sweeps_k_with_the_padded_gpu_proposer_and_writes_the_sweep(tmp_path):
+    """checks.sh spec-rank with SPEC_RANK_METHOD=ngram: one A/B over SPEC_KS, k0 plain and each K vLLM's GPU proposer
+    padded to K in full graphs (no draft model); then verify_sweep over the A/B's summary. The default keeps the
+    random EAGLE-3 head."""
+    site, log = fake_site(tmp_path)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "SPEC_KS": "0 2 7", "SPEC_RANK_METHOD": "ngram",
+           "AUTOTUNE_SEED": str(tmp_path / "none")}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-rank"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    perf, sweep = log.read_text().splitlines()
+    assert perf.startswith("F32=unset -m benchmarks.engine.perf --config rank --phase ab") and "--ab k0= " in perf, perf
+    for k in (2, 7): assert f"--ab k{k}=--ngram {k} --ngram-gpu --spec-full-graphs --spec-pad-drafts" in perf, perf
+    assert sweep == f"F32=unset -m benchmarks.engine.verify_sweep {tmp_path}/out/spec-rank/perf_h200_rank_ab.json --out {tmp_path}/out/spec-rank"
+    log.unlink()
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-rank"], capture_output=True, text=True,
+                       env={**env, "SPEC_RANK_METHOD": "", "SPEC_KS": "0 3"})
+    assert "--ab k3=--draft-head 3 --spec-full-graphs" in log.read_text().splitlines()[0]
+
+
 def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):
     "train_tiny.sh: wheels staged in FLA_WHEELS are installed (no network, no deps) into FLA_SITE, which the runs import."
     bin_ = tmp_path / "bin"; bin_.mkdir()
@@ -309,7 +329,8 @@ def test_checks_script_spec_rank_runs_one_engine_per_k_with_its_extra_args(tmp_p
            "SPEC_RANK_ARGS": h100}
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-rank"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "== spec-rank: exit 0" in r.stdout, r.stderr
-    argv = log.read_text().splitlines()
+    argv = (tmp_path / "args-0.txt").read_text().splitlines()                   # the A/B (then verify_sweep)
+    assert log.read_text().splitlines()[1] == "benchmarks.engine.verify_sweep"
     a = ph.parse_args(argv[2:])
     assert (a.config, a.phase, a.only, a.decode_contexts, a.deadline_s) == ("rank", "ab", ("decode",), [2048], 450)
     assert (a.kv_cache_memory_bytes, a.max_model_len, a.max_num_seqs, a.max_num_batched_tokens, a.capture_sizes) == (

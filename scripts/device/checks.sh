@@ -20,6 +20,10 @@
 #                 random EAGLE-3 head proposing K tokens (every draft rejected, so each step verifies 1 + K tokens), one
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
 #                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls;
+#                 SPEC_RANK_METHOD=ngram: vLLM's GPU ngram proposer padded to K instead of the head (no draft model in memory,
+#                 so it fits an H100 beside the rank's weights, and the step holds no drafting model's time);
+#                 then benchmarks.engine.verify_sweep: verify_sweep.json and .png, each K against k0 and its floor in bytes;
+#                 give every 1 + K a CUDA graph size, e.g. "--capture-sizes 1,2,3,4,6,8" for SPEC_KS="0 1 2 3 5 7";
 #                 SPEC_RANK_ARGS: more perf options; on an H100, whose 79.6 GiB leave 8 GiB beside the rank's 71.6 GiB of
 #                 weights: "--kv-cache-memory-bytes 2G --max-model-len 8192 --max-num-seqs 2 --batch-sizes 2
 #                 --max-num-batched-tokens 2048 --capture-sizes 1,2,4,8", and the ceilings are then the H100's (perf reads the GPU's name))
@@ -181,10 +185,13 @@ run_one() {
              --gpu-memory-utilization "${SLICE_GPU_UTIL:-0.5}" "${PARITY_EXTRA[@]}" ;;
     spec-rank) read -r -a SR_EXTRA <<< "${SPEC_RANK_ARGS:-}"
       ab=(); for k in ${SPEC_KS:-0 1 3}; do
-        if [ "$k" = 0 ]; then ab+=(--ab "k0="); else ab+=(--ab "$(draft_ab "k$k" "$k")"); fi
+        if [ "$k" = 0 ]; then ab+=(--ab "k0=")
+        elif [ "${SPEC_RANK_METHOD:-draft}" = ngram ]; then ab+=(--ab "k$k=--ngram $k --ngram-gpu --spec-full-graphs --spec-pad-drafts")
+        else ab+=(--ab "$(draft_ab "k$k" "$k")"); fi
       done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
-        --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SR_EXTRA[@]}" "${ab[@]}" ;;
+        --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${SR_EXTRA[@]}" "${ab[@]}"
+      job "$j-sweep" python3 -m benchmarks.engine.verify_sweep "$OUT/$j/perf_h200_rank_ab.json" --out "$OUT/$j" ;;
     moe-batch) read -r -a MB_EXTRA <<< "${MOE_BATCH_ARGS:-}"
       job "$j" python3 -m benchmarks.kernels.moe_batch --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${MB_EXTRA[@]}" ;;
     moe-rank) read -r -a MR_EXTRA <<< "${MOE_RANK_ARGS:-}"
