@@ -22,28 +22,32 @@ def test_run_on_cpu_under_the_interpreter(tmp_path, interpreted):
 import json
 from benchmarks.kernels import kda_verify as m
 from solar_open2.vllm.kda import torch_kernels
-seq = iter([2.0, 10.0, 4.0, 3.0, 12.0, 5.0])
+seq = iter([2.0, 10.0, 4.0, 3.5, 3.0, 12.0, 5.0, 6.0])
 timer = lambda fns, reps: ([f() for f in fns], next(seq))[1]
 out = []
 for dim_first in (True, False):
     out.append(m.run(requests=(1, 2), drafts=(3,), reps=1, out_paths=[{str(tmp_path / 'r.json')!r}], device="cpu",
                      shapes=dict(Hl=2, D=16, W=4), timer=timer if dim_first else (lambda fns, reps: ([f() for f in fns], 1.0)[1]),
-                     kernels=torch_kernels(), dim_first=dim_first, rotations=2))
+                     kernels=torch_kernels(), dim_first=dim_first, rotations=2, splits=(2,) if dim_first else ()))
 print(json.dumps(out))
 """
     first, second = json.loads(interpreted(code).strip().splitlines()[-1])
     fp32 = [c for c in first["checks"] if c["kind"] == "fp32 cases"]
-    assert len(fp32) == 6 and all(max(c["out"], c["rec_state"], c["conv_state"]) < 1e-5 and c["untouched"] for c in fp32)
+    assert [c["v_split"] for c in fp32] == [1] * 6 + [2] * 6 and all(max(c["out"], c["rec_state"], c["conv_state"]) < 1e-5 and c["untouched"] for c in fp32)
     for res in (first, second):
         b = [c for c in res["checks"] if c["kind"].startswith("bf16")][0]
         # the torch path is the reference's own kernels: its states equal the plain version's; the kernel carries the
         # interpreter's bf16 truncation only
         assert b["unfused"]["rec_state"] < 1e-6 and b["kernel"]["out"] < 3e-2 and b["kernel_vs_unfused_out"] < 3e-2, b
+    assert first["checks"][-1]["split2"]["out"] < 3e-2 and "split2" not in second["checks"][-1]
     assert [(t["requests"], t["drafts"], t["path"], t["us"]) for t in first["timings"]] == \
-        [(1, 0, "decode", 2.0), (1, 3, "unfused", 10.0), (1, 3, "kernel", 4.0), (2, 0, "decode", 3.0), (2, 3, "unfused", 12.0),
-         (2, 3, "kernel", 5.0)]
-    assert first["ratios"] == {"1x3": {"unfused_us": 10.0, "kernel_us": 4.0, "unfused_over_kernel": 2.5, "decode_us": 2.0, "kernel_over_decode": 2.0},
-                               "2x3": {"unfused_us": 12.0, "kernel_us": 5.0, "unfused_over_kernel": 2.4, "decode_us": 3.0, "kernel_over_decode": 1.67}}
+        [(1, 0, "decode", 2.0), (1, 3, "unfused", 10.0), (1, 3, "kernel", 4.0), (1, 3, "split2", 3.5), (2, 0, "decode", 3.0),
+         (2, 3, "unfused", 12.0), (2, 3, "kernel", 5.0), (2, 3, "split2", 6.0)]
+    assert first["ratios"] == {"1x3": {"unfused_us": 10.0, "kernel_us": 4.0, "unfused_over_kernel": 2.5, "decode_us": 2.0, "kernel_over_decode": 2.0,
+                                       "split_us": {"2": 3.5}, "best_split": 2, "best_us": 3.5, "unfused_over_best": 2.86},
+                               "2x3": {"unfused_us": 12.0, "kernel_us": 5.0, "unfused_over_kernel": 2.4, "decode_us": 3.0, "kernel_over_decode": 1.67,
+                                       "split_us": {"2": 6.0}, "best_split": 1, "best_us": 5.0, "unfused_over_best": 2.4}}
+    assert [t["path"] for t in second["timings"]] == ["decode", "unfused", "kernel"] * 2
     assert (first["conv_state_dim_first"], second["conv_state_dim_first"], first["unfused_kernels"]) == (True, False, "torch")
     written = json.loads((tmp_path / "r.json").read_text())
     # against the reference's own kernels (distance 0) the interpreter's bf16 truncation fails the 1.5x rule, so the

@@ -68,7 +68,9 @@
 #                 TOGETHER; MOE_PROFILE_ARGS: more, e.g. "--tokens 1,2,4,8")
 #   kda-verify    one KDA layer's speculative verify step at the rank shapes (benchmarks.kernels.kda_verify, issue 27): the
 #                 verify kernel and the op body's unfused path (vLLM's conv-update and FLA recurrent kernels, o_norm), 1 to 8
-#                 requests of 1 + 1, 3, 7 tokens, and the one-token decode kernel, each checked first (timed: never TOGETHER)
+#                 requests of 1 + 1, 3, 7 tokens, the split forms (each head's value rows over 2, 4, 8 programs, then a
+#                 finishing launch) and the one-token decode kernel, each checked first (timed: never TOGETHER; KDA_VERIFY_ARGS:
+#                 more, e.g. "--requests 1,4 --drafts 3" when the call is short)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
 #                 and graphs, four engines at a time (SPEC_ARGS: more options, e.g. "--weights /root/best/best.safetensors")
@@ -219,7 +221,8 @@ run_one() {
     prefill-profile) read -r -a PP_EXTRA <<< "${PREFILL_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.engine.perf --config rank --phase graphs --only prefill,profile --prefill-contexts 8192,32768 \
             --profile-prefill --keep-trace --variant prefill_profile --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${PP_EXTRA[@]}" ;;
-    kda-verify) job "$j" python3 -m benchmarks.kernels.kda_verify --out "$OUT/$j" ;;
+    kda-verify) read -r -a KV_EXTRA <<< "${KDA_VERIFY_ARGS:-}"
+          job "$j" python3 -m benchmarks.kernels.kda_verify --out "$OUT/$j" "${KV_EXTRA[@]}" ;;
     moe-profile) read -r -a PROF_EXTRA <<< "${MOE_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.kernels.moe_profile --out "$OUT/$j" "${PROF_EXTRA[@]}" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"

@@ -15,9 +15,10 @@ from .tiles import H200, TileTable
 
 # %% auto #0
 __all__ = ['DECODE_TILES', 'MAX_DECODE_SEQS', 'NUM_WARPS', 'LR_BLOCK_R', 'CHECK_CASES', 'LR_CHECK_CASES', 'MAX_VERIFY_SEQS',
-           'VERIFY_CASES', 'kda_decode_torch', 'random_case', 'kda_decode_kernel', 'kda_decode_triton', 'self_check',
-           'kda_decode_lr_torch', 'random_lr_case', 'kda_decode_lr_triton', 'lr_check', 'kda_verify_torch',
-           'random_verify_case', 'kda_verify_kernel', 'kda_verify_triton', 'verify_check']
+           'VERIFY_SPLIT', 'VERIFY_CASES', 'kda_decode_torch', 'random_case', 'kda_decode_kernel', 'kda_decode_triton',
+           'self_check', 'kda_decode_lr_torch', 'random_lr_case', 'kda_decode_lr_triton', 'lr_check',
+           'kda_verify_torch', 'random_verify_case', 'kda_verify_kernel', 'kda_verify_rows_kernel',
+           'kda_verify_finish_kernel', 'kda_verify_triton', 'verify_check']
 
 # %% ../../../nbs/08_ops/04_kda_decode.ipynb #e1a00007
 def _check(qkv, conv_state, conv_w, g1, beta, g2, rec_state, idx)->tuple:
@@ -399,13 +400,13 @@ def _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, ch, ok, stride_qkv, stride_c
         tl.store(cs + (W - 2 + u) * stride_cs_tap, x.to(cs_ptr.dtype.element_ty), mask=ok & (u < n_tok))
 
 @triton.jit
-def kda_verify_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, g2_ptr, nw_ptr, h_ptr, rows_ptr, nacc_ptr,
-                      qsl_ptr, o_ptr, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta,
-                      stride_g2, stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows, scale, eps,
-                      D:tl.constexpr, W:tl.constexpr, L:tl.constexpr):
-    """Grid (N, Hl): request `i`'s up to L tokens through conv, gate, delta rule and gated RMSNorm for head `h`, the
-    state carried in registers from slot rows[i, nacc-1] and stored after each token into rows[i, t]."""
-    i, h = tl.program_id(0), tl.program_id(1)
+def _verify_rows(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, h_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr,
+                 i, h, vb, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta,
+                 stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows, scale,
+                 D:tl.constexpr, W:tl.constexpr, L:tl.constexpr, BV:tl.constexpr):
+    """Request `i`'s up to L tokens for head `h`, value rows vb·BV .. vb·BV + BV - 1: conv (q and k whole, v's rows),
+    gate, delta rule with the state's rows in registers from slot rows[i, nacc-1], each token's state rows stored into
+    rows[i, t] and its raw output rows, rounded to the activation dtype, into `o`. Reads the conv window, never writes it."""
     s = tl.load(qsl_ptr + i)
     n_tok = tl.load(qsl_ptr + i + 1) - s                                       # this request's tokens (0: a graph's padding)
     a = tl.minimum(tl.maximum(tl.load(nacc_ptr + i) - 1, 0), L - 1)           # the accepted offset
@@ -413,10 +414,11 @@ def kda_verify_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
     sslot = tl.load(rows_ptr + i * stride_rows + a)
     ok = (n_tok > 0) & (slot0 > 0) & (sslot > 0)                               # the null block: zeros, no state touched
     d = tl.arange(0, D)
-    cq, ck, cv = h * D + d, P + h * D + d, 2 * P + h * D + d                   # [D] channels of q, k, v
+    r = vb * BV + tl.arange(0, BV)                                             # [BV] this program's value rows
+    cq, ck, cv = h * D + d, P + h * D + d, 2 * P + h * D + r                   # channels of q, k [D] and v [BV]
     alpha = -tl.exp(tl.load(alog_ptr + h))
-    hp = h_ptr + h * stride_h_head + d[:, None] * stride_h_v + d[None, :]     # [V, K] offsets within a slot
-    S = tl.load(hp + sslot * stride_h_slot, mask=ok, other=0.0)               # [V, K] fp32, the accepted state
+    hp = h_ptr + h * stride_h_head + r[:, None] * stride_h_v + d[None, :]     # [BV, K] offsets within a slot
+    S = tl.load(hp + sslot * stride_h_slot, mask=ok, other=0.0)               # [BV, K] fp32, the accepted state's rows
     for t in tl.static_range(L):
         okt = ok & (t < n_tok)
         q = _conv_verify(qkv_ptr, cs_ptr, cw_ptr, s, a, slot0, cq, okt, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, t, W)
@@ -428,12 +430,24 @@ def kda_verify_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
         g = alpha * tl.where(ga <= 20.0, tl.log(1.0 + tl.exp(ga)), ga)         # [D] -exp(A)·softplus
         beta = tl.load(beta_ptr + (s + t) * stride_beta + h, mask=okt, other=0.0).to(tl.float32)
         S = S * tl.exp(g)[None, :]                                             # decay each key channel
-        S = S + (beta * (v - tl.sum(S * k[None, :], axis=1)))[:, None] * k[None, :]   # delta write: β (v - S k) kᵀ
+        S = S + (beta * (v - tl.sum(S * k[None, :], axis=1)))[:, None] * k[None, :]   # delta write: β (v - S k) kᵀ, row by row
         dst = tl.load(rows_ptr + i * stride_rows + t)
-        tl.store(hp + dst * stride_h_slot, S, mask=okt & (dst > 0))           # the state after token t
-        o = tl.sum(S * q[None, :], axis=1)                                     # [V]
-        tl.store(o_ptr + (s + t) * stride_o + h * D + d, o.to(o_ptr.dtype.element_ty), mask=okt)   # rounded, normed below
-    tl.debug_barrier()                                                         # every read of the window, every o, before what follows
+        tl.store(hp + dst * stride_h_slot, S, mask=okt & (dst > 0))           # the state's rows after token t
+        o = tl.sum(S * q[None, :], axis=1)                                     # [BV]
+        tl.store(o_ptr + (s + t) * stride_o + h * D + r, o.to(o_ptr.dtype.element_ty), mask=okt)   # rounded, normed after
+
+@triton.jit
+def _verify_finish(qkv_ptr, cs_ptr, g2_ptr, nw_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr, i, h, P, stride_qkv, stride_cs_slot,
+                   stride_cs_dim, stride_cs_tap, stride_g2, stride_o, stride_rows, eps,
+                   D:tl.constexpr, W:tl.constexpr, L:tl.constexpr):
+    "After every read of request `i`'s window and every raw output of head `h`: the conv row written from column 0, then the gated RMSNorm of each token's output."
+    s = tl.load(qsl_ptr + i)
+    n_tok = tl.load(qsl_ptr + i + 1) - s
+    a = tl.minimum(tl.maximum(tl.load(nacc_ptr + i) - 1, 0), L - 1)
+    slot0 = tl.load(rows_ptr + i * stride_rows)
+    ok = (n_tok > 0) & (slot0 > 0) & (tl.load(rows_ptr + i * stride_rows + a) > 0)
+    d = tl.arange(0, D)
+    cq, ck, cv = h * D + d, P + h * D + d, 2 * P + h * D + d
     _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, cq, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, W, L)
     _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, ck, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, W, L)
     _row_after(qkv_ptr, cs_ptr, s, n_tok, a, slot0, cv, ok, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, W, L)
@@ -445,18 +459,64 @@ def kda_verify_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_p
         y = o * tl.rsqrt(tl.sum(o * o) / D + eps) * nw / (1.0 + tl.exp(-g2))
         tl.store(o_ptr + (s + t) * stride_o + h * D + d, tl.where(okt, y, 0.0).to(o_ptr.dtype.element_ty), mask=t < n_tok)
 
+@triton.jit
+def kda_verify_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, g2_ptr, nw_ptr, h_ptr, rows_ptr, nacc_ptr,
+                      qsl_ptr, o_ptr, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta,
+                      stride_g2, stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows, scale, eps,
+                      D:tl.constexpr, W:tl.constexpr, L:tl.constexpr):
+    """Grid (N, Hl): request `i`'s up to L tokens through conv, gate, delta rule and gated RMSNorm for head `h`, the
+    whole state carried in registers from slot rows[i, nacc-1] and stored after each token into rows[i, t]."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    _verify_rows(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, h_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr,
+                 i, h, 0, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta,
+                 stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows, scale, D, W, L, D)
+    tl.debug_barrier()                                                         # every read of the window, every o, before what follows
+    _verify_finish(qkv_ptr, cs_ptr, g2_ptr, nw_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr, i, h, P, stride_qkv, stride_cs_slot,
+                   stride_cs_dim, stride_cs_tap, stride_g2, stride_o, stride_rows, eps, D, W, L)
+
+@triton.jit
+def kda_verify_rows_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, h_ptr, rows_ptr, nacc_ptr, qsl_ptr,
+                           o_ptr, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta,
+                           stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows, scale,
+                           D:tl.constexpr, W:tl.constexpr, L:tl.constexpr, BV:tl.constexpr):
+    "Grid (N, Hl, D/BV): the split form's first pass, `_verify_rows` for one block of a head's value rows; `kda_verify_finish_kernel` follows."
+    _verify_rows(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, h_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr,
+                 tl.program_id(0), tl.program_id(1), tl.program_id(2), P, stride_qkv, stride_cs_slot, stride_cs_dim,
+                 stride_cs_tap, stride_g1, stride_beta, stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows,
+                 scale, D, W, L, BV)
+
+@triton.jit
+def kda_verify_finish_kernel(qkv_ptr, cs_ptr, g2_ptr, nw_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr, P, stride_qkv, stride_cs_slot,
+                             stride_cs_dim, stride_cs_tap, stride_g2, stride_o, stride_rows, eps,
+                             D:tl.constexpr, W:tl.constexpr, L:tl.constexpr):
+    "Grid (N, Hl): the split form's second pass, `_verify_finish` (every block's window reads and outputs are done: the launch before)."
+    _verify_finish(qkv_ptr, cs_ptr, g2_ptr, nw_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr, tl.program_id(0), tl.program_id(1), P,
+                   stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g2, stride_o, stride_rows, eps, D, W, L)
+
 def kda_verify_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, norm_w, eps:float, rec_state, rows, nacc, qsl,
-                      out:torch.Tensor|None=None, num_warps:int=NUM_WARPS)->torch.Tensor:
-    "`kda_verify_torch` in one launch (same arguments) after zeroing `out` [T, Hl, D] (rows of no request stay zero); states updated in place."
+                      out:torch.Tensor|None=None, num_warps:int=NUM_WARPS, v_split:int|None=None)->torch.Tensor:
+    """`kda_verify_torch` (same arguments) after zeroing `out` [T, Hl, D] (rows of no request stay zero); states updated
+    in place. `v_split` (default `VERIFY_SPLIT`): 1, one launch of `kda_verify_kernel`; s > 1, each head's value rows in
+    s blocks over s programs (`kda_verify_rows_kernel`), then `kda_verify_finish_kernel` for the conv rows and the norm."""
     T, Hl, D, W, N, L = _check_verify(qkv, conv_state, conv_w, g1, beta, g2, rec_state, rows, nacc, qsl)
+    v_split = VERIFY_SPLIT if v_split is None else v_split
+    if v_split < 1 or v_split & (v_split - 1) or D % v_split: raise ValueError(f"v_split must be a power of two dividing D = {D}, got {v_split}")
     out, cw = _prepare("kda_verify_triton", (("qkv", qkv), ("g1", g1), ("g2", g2), ("beta", beta), ("rows", rows)),
                        T, Hl, D, W, qkv, conv_w, rec_state, out)
     out.zero_()                                                                  # the rows of no request (a graph's padding)
-    kda_verify_kernel[(N, Hl)](qkv, conv_state, cw, g1, A_log.reshape(-1).contiguous(), dt_bias.contiguous(), beta, g2,
-        norm_w.contiguous(), rec_state, rows, nacc, qsl, out, Hl * D, qkv.stride(0), conv_state.stride(0),
-        conv_state.stride(1), conv_state.stride(2), g1.stride(0), beta.stride(0), g2.stride(0), rec_state.stride(0),
-        rec_state.stride(1), rec_state.stride(2), out.stride(0), rows.stride(0), D ** -0.5, eps, D=D, W=W, L=L,
-        num_warps=num_warps)
+    A, dtb, nw = A_log.reshape(-1).contiguous(), dt_bias.contiguous(), norm_w.contiguous()
+    cs = (conv_state.stride(0), conv_state.stride(1), conv_state.stride(2))
+    hs = (rec_state.stride(0), rec_state.stride(1), rec_state.stride(2))
+    if v_split == 1:
+        kda_verify_kernel[(N, Hl)](qkv, conv_state, cw, g1, A, dtb, beta, g2, nw, rec_state, rows, nacc, qsl, out, Hl * D,
+            qkv.stride(0), *cs, g1.stride(0), beta.stride(0), g2.stride(0), *hs, out.stride(0), rows.stride(0), D ** -0.5, eps,
+            D=D, W=W, L=L, num_warps=num_warps)
+        return out
+    kda_verify_rows_kernel[(N, Hl, v_split)](qkv, conv_state, cw, g1, A, dtb, beta, rec_state, rows, nacc, qsl, out, Hl * D,
+        qkv.stride(0), *cs, g1.stride(0), beta.stride(0), *hs, out.stride(0), rows.stride(0), D ** -0.5,
+        D=D, W=W, L=L, BV=D // v_split, num_warps=num_warps)
+    kda_verify_finish_kernel[(N, Hl)](qkv, conv_state, g2, nw, rows, nacc, qsl, out, Hl * D, qkv.stride(0), *cs, g2.stride(0),
+        out.stride(0), rows.stride(0), eps, D=D, W=W, L=L, num_warps=num_warps)
     return out
 
 
@@ -464,6 +524,9 @@ def kda_verify_triton(qkv, conv_state, conv_w, g1, A_log, dt_bias, beta, g2, nor
 # the verifies the layer gives the kernel: benchmarks/kernels/kda_verify.py on an H100 (benchmarks/results/current/kda_verify_h100.json)
 # measured 1 and 4 requests (1.21-1.64x and 1.04-1.57x faster than the unfused path); larger verify batches take the unfused path
 MAX_VERIFY_SEQS = 4
+# value-row blocks a head's verify is split into (kda_verify_triton's v_split): 1, the one-launch kernel, is what the
+# H100 run above measured; benchmarks/kernels/kda_verify.py times 2, 4 and 8 beside it, and this changes only with a run
+VERIFY_SPLIT = 1
 
 VERIFY_CASES = (   # (N, L, Hl, D, W, slots, lens, nacc)
     (3, 4, 2, 16, 4, 16, None, None),            # k = 3; the first request on the null block (so in every case of several requests without lens)
@@ -474,8 +537,9 @@ VERIFY_CASES = (   # (N, L, Hl, D, W, slots, lens, nacc)
     (1, 4, 1, 128, 4, 6, None, (3,)),            # the real head size
 )
 
-def verify_check(cases=VERIFY_CASES, device:str="cpu", dtype:str="float32", seed:int=0, offset_zero:bool=False)->list:
-    "Per case: relative RMS of `kda_verify_triton` against `kda_verify_torch` (output, states) and whether slots no request owns are bit-identical. `offset_zero`: a broken kernel, every request resumed at offset 0."
+def verify_check(cases=VERIFY_CASES, device:str="cpu", dtype:str="float32", seed:int=0, offset_zero:bool=False,
+                 v_split:int|None=None)->list:
+    "Per case: relative RMS of `kda_verify_triton` (its `v_split`) against `kda_verify_torch` (output, states) and whether slots no request owns are bit-identical. `offset_zero`: a broken kernel, every request resumed at offset 0."
     out = []
     for i, (N, L, Hl, D, W, slots, lens, nacc) in enumerate(cases):
         c = {k: (v.to(device) if torch.is_tensor(v) else v)
@@ -484,7 +548,7 @@ def verify_check(cases=VERIFY_CASES, device:str="cpu", dtype:str="float32", seed
         r = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in c.items()}
         ref = kda_verify_torch(**r)
         if offset_zero: c["nacc"] = torch.ones_like(c["nacc"])
-        got = kda_verify_triton(**c)
+        got = kda_verify_triton(**c, v_split=v_split)
         owned = c["rows"][c["rows"] > 0].long().unique()
         rest = [s for s in range(slots) if s not in owned.tolist()]
         out.append({"case": [N, L, Hl, D, W, slots], "dtype": dtype, "out": relative_rms(got.cpu(), ref.cpu()),
