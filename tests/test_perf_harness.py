@@ -883,7 +883,7 @@ def test_ab_summary_carries_the_speculative_figures_and_the_step_ratio(tmp_path)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert any("step x1.25" in t for t in texts) and any("acc 53%, L 2.60" in t for t in texts)
 
-def test_spec_roofline_is_the_budget_chapters_verify_floor():
+def test_spec_roofline_is_the_budget_chapters_verify_floor(tmp_path):
     """A speculative figure's ceiling: one verify of 1 + k tokens moves `budget.verify_bytes`; its ratio to one token's
     bytes is the floor of the A/B's step ratio (1.51x at k = 3, TP2 rank, 2K); MAL x bandwidth / bytes is the tok/s
     ceiling; k = 0 is a plain decode step; the A/B summary carries the floor beside the measured step ratio."""
@@ -903,6 +903,8 @@ def test_spec_roofline_is_the_budget_chapters_verify_floor():
     f = s["variants"]["ngram3"]["figures"]["decode_bs1_ctx2048"]
     assert f["verify_floor"] == r["floor_ratio"] and math.isclose(f["step_over_baseline"], 13.95 / 6.27)
     assert s["variants"]["base"]["figures"]["decode_bs1_ctx2048"]["verify_floor"] is None
+    texts = [t.get_text() for t in pp.plot_ab(s, tmp_path / "ab.png").axes[0].texts]
+    assert any("step x2.22 (floor x1.51)" in t for t in texts) and not any("floor" in t for t in texts if "x1.000" in t), texts
 
 def test_ab_kills_a_hung_variant_and_runs_the_next(tmp_path, monkeypatch, capsys):
     """A variant whose engine hangs (an EAGLE-3 engine with full graphs did, 2026-12-07) is killed with stack dumps past

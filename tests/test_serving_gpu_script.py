@@ -251,6 +251,24 @@ def test_checks_script_spec_rank_sweeps_k_with_the_padded_gpu_proposer_and_write
     assert "--ab k3=--draft-head 3 --spec-full-graphs" in log.read_text().splitlines()[0]
 
 
+def test_checks_script_spec_profile_parses_in_perf(tmp_path):
+    """checks.sh spec-profile: one perf run of the padded GPU-proposer verify at k = SPEC_E2E_K, torch-profiled with the
+    trace kept, SPEC_PROFILE_ARGS after it; every argument parses in perf's own parser."""
+    from benchmarks.engine import perf as ph
+    site, log = fake_site(tmp_path, args=True)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "DEADLINE_S": "300", "SPEC_E2E_K": "2",
+           "SPEC_PROFILE_ARGS": "--kv-cache-memory-bytes 2G --max-model-len 8192 --capture-sizes 1,2,3,4,8",
+           "AUTOTUNE_SEED": str(tmp_path / "none")}
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-profile"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "== spec-profile: exit 0" in r.stdout, r.stderr
+    argv = log.read_text().splitlines()
+    a = ph.parse_args(argv[2:])
+    assert (a.config, a.phase, a.only, a.profile, a.keep_trace, a.variant) == ("rank", "graphs", ("decode", "profile"), True, True,
+                                                                                "ngram2_gpu_pad_profile")
+    assert (a.ngram, a.ngram_gpu, a.spec_full_graphs, a.spec_pad_drafts, a.decode_tokens, a.deadline_s) == (2, True, True, True, 64, 300)
+    assert (a.kv_cache_memory_bytes, a.capture_sizes) == ("2G", [1, 2, 3, 4, 8])
+
+
 def test_train_tiny_installs_staged_fla_wheels_before_training(tmp_path):
     "train_tiny.sh: wheels staged in FLA_WHEELS are installed (no network, no deps) into FLA_SITE, which the runs import."
     bin_ = tmp_path / "bin"; bin_.mkdir()

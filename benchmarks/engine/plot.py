@@ -134,7 +134,7 @@ def ab_rows(ab:dict)->list:
             rows.append({"variant": name, "figure": key, "tok_s": f["value_tok_s"],
                          "roofline": f["value_tok_s"] / f["fraction_of_roofline"], "over_baseline": f.get("over_baseline"),
                          "itl_median_ms": f.get("itl_median_ms"), "families": fams,
-                         **{k: f.get(k) for k in ("acceptance", "mean_accepted_length", "step_over_baseline")}})
+                         **{k: f.get(k) for k in ("acceptance", "mean_accepted_length", "step_over_baseline", "verify_floor")}})
     return rows
 
 def plot_ab(ab:dict, out:Path|None=None):
@@ -151,6 +151,7 @@ def plot_ab(ab:dict, out:Path|None=None):
         a1.annotate(f"{r['tok_s']:.1f} tok/s\n{100 * r['tok_s'] / r['roofline']:.1f}% of roofline"
                     + (f"\nx{r['over_baseline']:.3f}" if r["over_baseline"] else "")
                     + (f"\nstep x{r['step_over_baseline']:.2f}" if r.get("step_over_baseline") else "")
+                    + (f" (floor x{r['verify_floor']:.2f})" if r.get("verify_floor") and r.get("step_over_baseline") else "")
                     + (f"\nacc {100 * r['acceptance']:.0f}%, L {r['mean_accepted_length']:.2f}"
                        if r.get("acceptance") is not None and r.get("mean_accepted_length") is not None else ""),
                     (b.get_x() + b.get_width() / 2, r["tok_s"]), ha="center", va="bottom", fontsize=7)
