@@ -479,7 +479,7 @@ def kda_verify_rows_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, b
                            o_ptr, P, stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g1, stride_beta,
                            stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows, scale,
                            D:tl.constexpr, W:tl.constexpr, L:tl.constexpr, BV:tl.constexpr):
-    "Grid (N, Hl, D/BV): the split form's first pass, `_verify_rows` for one block of a head's value rows; `kda_verify_finish_kernel` follows."
+    "Grid (N, Hl, D/BV): the split form's first pass, the rows helper for one block of a head's value rows; `kda_verify_finish_kernel` follows."
     _verify_rows(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, beta_ptr, h_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr,
                  tl.program_id(0), tl.program_id(1), tl.program_id(2), P, stride_qkv, stride_cs_slot, stride_cs_dim,
                  stride_cs_tap, stride_g1, stride_beta, stride_h_slot, stride_h_head, stride_h_v, stride_o, stride_rows,
@@ -489,7 +489,7 @@ def kda_verify_rows_kernel(qkv_ptr, cs_ptr, cw_ptr, g1_ptr, alog_ptr, dtb_ptr, b
 def kda_verify_finish_kernel(qkv_ptr, cs_ptr, g2_ptr, nw_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr, P, stride_qkv, stride_cs_slot,
                              stride_cs_dim, stride_cs_tap, stride_g2, stride_o, stride_rows, eps,
                              D:tl.constexpr, W:tl.constexpr, L:tl.constexpr):
-    "Grid (N, Hl): the split form's second pass, `_verify_finish` (every block's window reads and outputs are done: the launch before)."
+    "Grid (N, Hl): the split form's second pass, the conv rows and the norm (every block's window reads and outputs are done: the launch before)."
     _verify_finish(qkv_ptr, cs_ptr, g2_ptr, nw_ptr, rows_ptr, nacc_ptr, qsl_ptr, o_ptr, tl.program_id(0), tl.program_id(1), P,
                    stride_qkv, stride_cs_slot, stride_cs_dim, stride_cs_tap, stride_g2, stride_o, stride_rows, eps, D, W, L)
 
