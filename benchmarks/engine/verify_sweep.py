@@ -15,14 +15,10 @@ from __future__ import annotations
 import argparse, json, re, sys
 from pathlib import Path
 
+from benchmarks.engine.perf.cli import model_config
 from solar_open2 import budget
-from solar_open2.config import SolarOpen2Config
 
 TARGET_K, TARGET_RATIO = 3, 1.3          # issue 27: the step at k = 3 within 1.3x the step at k = 0
-
-def _cfg(settings:dict)->SolarOpen2Config:
-    cfg = SolarOpen2Config.real()
-    return budget.rank_config(cfg, 2) if settings.get("config") == "rank" else cfg
 
 def sweep_rows(summary:dict, source:str="")->tuple:
     """(rows, skipped) of one A/B summary: per speculative variant k, its median step against the baseline's and the
@@ -37,9 +33,8 @@ def sweep_rows(summary:dict, source:str="")->tuple:
     if len(figs) != 1: raise ValueError(f"{source}: the baseline has {len(figs)} single-stream decode figures, need one")
     fname = figs[0]
     bf = base["figures"][fname]
-    ctx = int(fname.rsplit("ctx", 1)[1]) + int(bset.get("decode_tokens") or 0) // 2     # perf's roofline context
-    cfg = _cfg(bset)
-    tp = 1 if bset.get("config") == "rank" else int(bset.get("tp") or 2)
+    ctx = int(round(int(fname.rsplit("ctx", 1)[1]) + (bset.get("decode_tokens") or 0) / 2))   # perf's roofline context
+    cfg, tp = model_config(bset["config"]), bset["tp"]                       # the config and TP perf served
     bandwidth = bf["value_tok_s"] / bf["fraction_of_roofline"] * budget.decode_bytes(cfg, tp, ctx)   # the baseline's card
     one = budget.decode_bytes(cfg, tp, ctx)
     rows, skipped = [], []
