@@ -541,8 +541,9 @@ class SolarOpen2GDNMetadataBuilder(GDNAttentionMetadataBuilder):
         if accepted.shape[0] < rows.shape[0]: return md                       # never: the buffer holds max_num_seqs
         acc = accepted[:rows.shape[0]]                                        # [reqs]
         if md.spec_sequence_masks is not None:                                # the non-speculative requests, in the builder's order
-            plain = num_decode_draft_tokens_cpu[:rows.shape[0]] < 0           # [reqs] bool (CPU), as the builder splits them
-            rows, acc = rows[plain.to(rows.device)], acc[plain.to(acc.device)]
+            plain = (num_decode_draft_tokens_cpu[:rows.shape[0]] < 0).nonzero()[:, 0]   # [plain reqs] (CPU), as the builder splits them
+            plain = plain.to(rows.device, non_blocking=True)                  # indices, not a mask: a mask on the GPU would sync
+            rows, acc = rows.index_select(0, plain), acc.index_select(0, plain)
         md.solar_fold = (rows, acc)
         if _fold_log.isEnabledFor(logging.DEBUG):                            # logger solar_open2.kda at DEBUG: what each step folds (syncs)
             _fold_log.debug("solar_open2 fold: spec step %s, rows %s, accepted %s", md.spec_sequence_masks is not None,
