@@ -49,6 +49,7 @@ print(json.dumps(out))
                                        "split_us": {"2": 6.0}, "best_split": 1, "best_us": 5.0, "unfused_over_best": 2.4}}
     assert [t["path"] for t in second["timings"]] == ["decode", "unfused", "kernel"] * 2
     assert (first["conv_state_dim_first"], second["conv_state_dim_first"], first["unfused_kernels"]) == (True, False, "torch")
+    assert first["checks_s"] > 0 and first["elapsed_s"] >= first["checks_s"]   # the deadline starts after the checks
     written = json.loads((tmp_path / "r.json").read_text())
     # against the reference's own kernels (distance 0) the interpreter's bf16 truncation fails the 1.5x rule, so the
     # writer's gate withholds the figures and keeps the record

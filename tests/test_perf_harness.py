@@ -563,6 +563,28 @@ def test_summarize_trace():
     assert rows["allreduce"]["measured_over_predicted"] is None and rows["attention"]["measured_us_per_step"] is None
     assert _busy_us([(0, 10), (5, 12), (20, 21)]) == 13
 
+def test_host_waits_tell_a_serial_step_from_an_overlapped_one():
+    """Two steps of each kind: the host waits 2 ms, then prepares for 3 ms and launches the graph (4 ms of kernels).
+    Serial: the wait was for the step before, so the GPU idles through the preparation. Overlapped: the step before's
+    kernels still run during it. Waits under 50 us are not counted."""
+    from benchmarks.engine.perf.trace import host_waits
+    def trace(overlap):
+        ev, t = [], 0.0
+        for _ in range(2):
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": t, "dur": 2000})
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": t + 2000, "dur": 10})
+            if overlap: ev.append({"ph": "X", "cat": "kernel", "name": "k_prev", "ts": t + 2000, "dur": 3000})
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t + 5000, "dur": 50})
+            ev.append({"ph": "X", "cat": "kernel", "name": "k", "ts": t + 5100, "dur": 4000}); t += 9200
+        return {"traceEvents": ev}
+    serial, over = host_waits(trace(False), steps=2), host_waits(trace(True), steps=2)
+    assert (serial["calls"], serial["us_per_step"], serial["longest_us"]) == (2, 2000.0, 2000.0)
+    assert (serial["prep_after_wait_us"], serial["gpu_idle_in_prep_us"]) == (3000.0, 3000.0)
+    assert (over["prep_after_wait_us"], over["gpu_idle_in_prep_us"]) == (3000.0, 0.0)
+    assert serial["by_call"] == {"cudaEventSynchronize": {"calls": 2, "us": 4000.0}}
+    assert ph.summarize_trace(trace(False))["host_waits"]["calls"] == 2
+    assert host_waits({"traceEvents": []})["prep_after_wait_us"] is None
+
 def _layer_trace(layers=3):
     "Synthetic decode step: per layer an all-reduce, a KDA mixer, an all-reduce, a MoE with a shared expert on stream 2."
     ev, t = [], 0.0

@@ -206,7 +206,7 @@ def test_checks_script_seeds_and_collects_autotuning_and_stops_stale_gpu_process
     got = tmp_path / "out" / "triton-autotune" / "NVIDIA_H100_80GB_HBM3"
     assert sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file()) == [
         "abc/kda_gate_fwd_kernel.autotune.json", "def/chunk_gla_fwd_kernel_o.autotune.json"]
-    assert "-m benchmarks.kernels.kda_verify" in log.read_text()
+    assert "-m benchmarks.kernels.kda_verify" in log.read_text() and "--deadline-s 400" in log.read_text()   # the job's deadline
 
 
 def test_checks_script_under_timeout_stops_its_job_and_still_returns_the_autotuning(tmp_path):
@@ -244,6 +244,11 @@ def test_checks_script_spec_rank_sweeps_k_with_the_padded_gpu_proposer_and_write
     perf, sweep = log.read_text().splitlines()
     assert perf.startswith("F32=unset -m benchmarks.engine.perf --config rank --phase ab") and "--ab k0= " in perf, perf
     for k in (2, 7): assert f"--ab k{k}=--ngram {k} --ngram-gpu --spec-full-graphs --spec-pad-drafts" in perf, perf
+    log.unlink()                                                                 # options for the speculative engines only
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-rank"], capture_output=True, text=True,
+                       env={**env, "SPEC_RANK_SPEC_ARGS": "--spec-skip-draft-sync"})
+    perf = log.read_text().splitlines()[0]
+    assert "--ab k0= " in perf and "--ab k2=--ngram 2 --ngram-gpu --spec-full-graphs --spec-pad-drafts --spec-skip-draft-sync " in perf, perf
     assert sweep == f"F32=unset -m benchmarks.engine.verify_sweep {tmp_path}/out/spec-rank/perf_h200_rank_ab.json --out {tmp_path}/out/spec-rank"
     log.unlink()
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-rank"], capture_output=True, text=True,
@@ -330,7 +335,14 @@ def test_checks_script_spec_e2e_runs_the_ngram_ab_the_perf_parser_accepts(tmp_pa
     assert ph.parse_args(log.read_text().splitlines()[2:] + a.ab_variants[3][1]).draft_head == 7
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "SPEC_E2E_VARIANTS": "ngram bogus"})
-    assert "SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad, ngram_gpu_pad and ngram_gpu_pad_unfused, got 'bogus'" in r.stderr
+    assert "SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad, ngram_gpu_pad, ngram_gpu_pad_unfused and ngram_gpu_pad_nosync, got 'bogus'" in r.stderr
+    log.unlink()                                                                 # the draft-count wait's A/B
+    r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
+                       env={**env, "SPEC_E2E_VARIANTS": "ngram_gpu_pad ngram_gpu_pad_nosync"})
+    a = ph.parse_args(log.read_text().splitlines()[2:])
+    assert [n for n, _ in a.ab_variants] == ["base", "ngram3_gpu_pad", "ngram3_gpu_pad_nosync"]
+    v = ph.parse_args(log.read_text().splitlines()[2:] + a.ab_variants[2][1])
+    assert (v.ngram_gpu, v.spec_pad_drafts, v.spec_skip_draft_sync) == (True, True, True)
     r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "spec-e2e"], capture_output=True, text=True,
                        env={**env, "TOGETHER": "1"})
     assert r.returncode == 2 and "spec-e2e times or profiles kernels" in r.stderr

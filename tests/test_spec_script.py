@@ -96,14 +96,16 @@ def test_the_plan_runs_baselines_first_and_only_what_is_asked():
     runs = S.plan(["compressed-tensors", "bf16"], ["eager", "graphs"], [1, 3, 5], "eagle3", Path("/d"))
     keys = [":".join(r[:3]) for r in runs]
     assert keys[:4] == ["compressed-tensors:eager:base", "compressed-tensors:graphs:base", "bf16:eager:base", "bf16:graphs:base"]
-    assert len(keys) == 4 + 2 * (2 * 4) + 2 * 5                                  # 3 ngram + eagle per mode; 5 more in graphs
+    assert len(keys) == 4 + 2 * (2 * 4) + 2 * 6                                  # 3 ngram + eagle per mode; 6 more in graphs
     assert {k.split(":")[2] for k in keys if k.endswith("_full")} == {"eagle3_dummy_full", "eagle3_k3_full", "ngram_k3_full"}
     assert [(r[3]["num_speculative_tokens"], r[4], r[5]) for r in runs if r[2] == "ngram_k3_pad"] == \
         [(3, "FULL_AND_PIECEWISE", {"spec_pad_drafts": True})] * 2
     assert [(r[3]["method"], r[3]["num_speculative_tokens"], r[4], r[5]) for r in runs if r[2] == "ngram_gpu_k3_pad"] == \
         [("ngram_gpu", 3, "FULL_AND_PIECEWISE", {"spec_pad_drafts": True})] * 2        # the GPU proposer, async scheduling
-    assert {r[5] for r in runs if r[2] not in ("ngram_k3_pad", "ngram_gpu_k3_pad")} == {None}   # no other run asks for options
-    assert {r[3]["method"] for r in runs if r[3] and r[2] != "ngram_gpu_k3_pad" and r[2].startswith("ngram")} == {"ngram"}
+    assert [(r[3]["method"], r[4], r[5]) for r in runs if r[2] == "ngram_gpu_k3_pad_nosync"] == \
+        [("ngram_gpu", "FULL_AND_PIECEWISE", {"spec_pad_drafts": True, "spec_skip_draft_sync": True})] * 2   # no wait for the counts
+    assert {r[5] for r in runs if r[2] not in ("ngram_k3_pad", "ngram_gpu_k3_pad", "ngram_gpu_k3_pad_nosync")} == {None}   # no other run asks for options
+    assert {r[3]["method"] for r in runs if r[3] and not r[2].startswith("ngram_gpu") and r[2].startswith("ngram")} == {"ngram"}
     assert {r[4] for r in runs if r[2].endswith("_full")} == {"FULL_AND_PIECEWISE"} and {r[4] for r in runs if r[2] == "eagle3_dummy"} == {None}
     with pytest.raises(ValueError, match="method 'suffix' is not one of"): S.ngram_config(3, "suffix")
     only = S.plan(["bf16"], ["eager", "graphs"], [3], "eagle3", Path("/d"), ["bf16:graphs:eagle3_k3_full"])

@@ -290,6 +290,42 @@ def test_register_wraps_the_gpu_ngram_proposer_and_its_drafts_pad(monkeypatch):
     assert call() == ([[3, 1, 2], [8, 8, 8], [-1, -1, -1]], [3, 3, 0])
 
 
+def test_register_wraps_the_draft_trim_and_a_padded_engine_skips_its_wait():
+    """`register()` wraps this release's `update_scheduler_for_invalid_drafts` where vLLM defines it; the GPU model runner
+    calls it by that name with (event, counts, scheduler output, index); wrapped there too, an engine with
+    `spec_skip_draft_sync` skips the wait in a step far from the length limit and keeps vLLM's trim, wait included, near
+    it; with no such engine every step gets vLLM's own trim."""
+    import inspect, re
+    from types import SimpleNamespace
+    import torch
+    gpu_mod = pytest.importorskip("vllm.v1.spec_decode.ngram_proposer_gpu")
+    from solar_open2.vllm import register, config as cfg
+    register()
+    assert hasattr(gpu_mod.update_scheduler_for_invalid_drafts, "_solar_open2_trim")
+    gmr = pytest.importorskip("vllm.v1.worker.gpu_model_runner")
+    call = re.compile(r"update_scheduler_for_invalid_drafts\(\s*self\._num_valid_draft_tokens_event,\s*"
+                      r"self\._num_valid_draft_tokens_cpu,\s*scheduler_output,")
+    assert call.search(inspect.getsource(gmr.GPUModelRunner._update_states))
+    assert cfg.patch_draft_trim() == 2 and hasattr(gmr.update_scheduler_for_invalid_drafts, "_solar_open2_trim")
+
+    class Ev:
+        waits = 0
+        def synchronize(self): Ev.waits += 1
+    def step(n):                                                       # one request, 3 drafts scheduled, the proposer found 1
+        so = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=["a"], num_computed_tokens=[n]),
+                             scheduled_spec_decode_tokens={"a": [-1] * 3}, total_num_scheduled_tokens=4, num_scheduled_tokens={"a": 4})
+        gmr.update_scheduler_for_invalid_drafts(Ev(), torch.tensor([1], dtype=torch.int32), so, {"a": 0})
+        return Ev.waits, so.num_scheduled_tokens["a"], len(so.scheduled_spec_decode_tokens["a"])
+    vc = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3), model_config=SimpleNamespace(max_model_len=64),
+                         additional_config={"solar_open2": {"spec_full_graphs": True, "spec_pad_drafts": True, "spec_skip_draft_sync": True}})
+    try:
+        assert cfg.draft_sync_engine(vc, True)
+        assert step(10) == (0, 4, 3)                                    # far from the limit: no wait, nothing trimmed
+        assert step(55) == (1, 2, 1)                                    # near it: vLLM's trim, after its wait
+    finally: cfg.DRAFT_SYNC.clear()
+    assert step(10) == (2, 2, 1)                                        # no such engine: vLLM's trim every step
+
+
 def test_the_kda_output_norm_has_a_kernel_form_with_the_arguments_the_op_passes():
     """Inside the plugin's KDA ops `o_norm_eager` calls vLLM's `FusedRMSNormGated.forward_cuda(x, g)` on a GPU (its Triton
     kernel; the module call would take the torch form written for inductor): this release's class has its own

@@ -190,7 +190,8 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
     which tells the target's verify from the drafter, and `ngram_k3_pad` the same with the option `spec_pad_drafts`
     (every decode step a verify of 1 + 3 tokens a request); `ngram_gpu_k3_pad` pads vLLM's GPU proposer the same way, with
     asynchronous scheduling on (as for the EAGLE-3 head, and unlike `ngram`), so a wrong batched full-graph verify
-    there and not in `ngram_k3_pad` points at the scheduling. Every ngram run verifies through the plugin's defaults,
+    there and not in `ngram_k3_pad` points at the scheduling; `ngram_gpu_k3_pad_nosync` adds the option
+    `spec_skip_draft_sync` (every row padded, no wait for the previous step's draft counts far from the length limit). Every ngram run verifies through the plugin's defaults,
     the fused KDA verify (option `kda_verify_kernel`) included; the gate checks that it launched. `only`: keep the runs whose `FORMAT:MODE:NAME` key is listed
     (and their baselines)."""
     runs = [(f, m, "base", None, None, None) for f in formats for m in modes]
@@ -202,6 +203,8 @@ def plan(formats, modes, ks, draft: str | None, draft_dir: Path | None, only: li
                 runs.append((f, m, "ngram_k3_pad", ngram_config(3), "FULL_AND_PIECEWISE", {"spec_pad_drafts": True}))   # every step a verify
                 runs.append((f, m, "ngram_gpu_k3_pad", ngram_config(3, "ngram_gpu"), "FULL_AND_PIECEWISE",
                              {"spec_pad_drafts": True}))                       # the same, asynchronous scheduling on
+                runs.append((f, m, "ngram_gpu_k3_pad_nosync", ngram_config(3, "ngram_gpu"), "FULL_AND_PIECEWISE",
+                             {"spec_pad_drafts": True, "spec_skip_draft_sync": True}))   # and no wait for the draft counts
             if draft == "eagle3":
                 eagle = lambda k: {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": k}
                 runs.append((f, m, "eagle3_dummy", eagle(PUBLISHED_BLOCK), None, None))

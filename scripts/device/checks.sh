@@ -21,7 +21,8 @@
 #                 engine per K of SPEC_KS (default "0 1 3"; 0: no speculation), full graphs (--spec-full-graphs), as an A/B of
 #                 benchmarks.engine.perf into $OUT/spec-rank/ (about 150 s an engine on a warm machine: split the Ks over calls;
 #                 SPEC_RANK_METHOD=ngram: vLLM's GPU ngram proposer padded to K instead of the head (no draft model in memory,
-#                 so it fits an H100 beside the rank's weights, and the step holds no drafting model's time);
+#                 so it fits an H100 beside the rank's weights, and the step holds no drafting model's time;
+#                 SPEC_RANK_SPEC_ARGS: more perf options for those K > 0 engines only, e.g. "--spec-skip-draft-sync");
 #                 then benchmarks.engine.verify_sweep: verify_sweep.json and .png, each K against k0 and its floor in bytes;
 #                 give every 1 + K a CUDA graph size, e.g. "--capture-sizes 1,2,3,4,6,8" for SPEC_KS="0 1 2 3 5 7";
 #                 SPEC_RANK_ARGS: more perf options; on an H100, whose 79.6 GiB leave 8 GiB beside the rank's 71.6 GiB of
@@ -35,7 +36,8 @@
 #                 SPEC_E2E_ARGS: more perf options; SPEC_E2E_VARIANTS: which ngram engines follow the baseline (default
 #                 "ngram_pad ngram_gpu_pad"; of ngram: piecewise guard, ngram_full: full graphs, ngram_pad: full graphs with
 #                 drafts padded to K (option spec_pad_drafts), ngram_gpu_pad: the same with vLLM's GPU proposer, which
-#                 keeps asynchronous scheduling, ngram_gpu_pad_unfused: that with the option kda_verify_kernel off); SPEC_E2E_DRAFT_KS="3": also spec-rank's random EAGLE-3 head of K tokens per K, every
+#                 keeps asynchronous scheduling, ngram_gpu_pad_unfused: that with the option kda_verify_kernel off,
+#                 ngram_gpu_pad_nosync: that with the option spec_skip_draft_sync on); SPEC_E2E_DRAFT_KS="3": also spec-rank's random EAGLE-3 head of K tokens per K, every
 #                 draft rejected, so that one job and one baseline give the verify step's cost too)
 #   spec-profile  the speculative step at one TP2 rank of the real model, torch-profiled (timed: never TOGETHER): ngram
 #                 k = SPEC_E2E_K (default 3) with vLLM's GPU proposer, drafts padded, full graphs, one stream at 2K (the
@@ -69,7 +71,8 @@
 #   kda-verify    one KDA layer's speculative verify step at the rank shapes (benchmarks.kernels.kda_verify, issue 27): the
 #                 verify kernel and the op body's unfused path (vLLM's conv-update and FLA recurrent kernels, o_norm), 1 to 8
 #                 requests of 1 + 1, 3, 7 tokens, the split forms (each head's value rows over 2, 4, 8 programs, then a
-#                 finishing launch) and the one-token decode kernel, each checked first (timed: never TOGETHER; KDA_VERIFY_ARGS:
+#                 finishing launch) and the one-token decode kernel, each checked first (DEADLINE_S for the timings after
+#                 the checks, whose compiles took 120 s on an H100; timed: never TOGETHER; KDA_VERIFY_ARGS:
 #                 more, e.g. "--requests 1,4 --drafts 3" when the call is short)
 #   spec          speculative decoding on the tiny checkpoints (benchmarks.engine.spec): ngram k = 1, 3, 5 and a random
 #                 EAGLE-3 head of the published draft's shape against the non-speculative run, NVFP4 and BF16, eager
@@ -188,7 +191,7 @@ run_one() {
     spec-rank) read -r -a SR_EXTRA <<< "${SPEC_RANK_ARGS:-}"
       ab=(); for k in ${SPEC_KS:-0 1 3}; do
         if [ "$k" = 0 ]; then ab+=(--ab "k0=")
-        elif [ "${SPEC_RANK_METHOD:-draft}" = ngram ]; then ab+=(--ab "k$k=--ngram $k --ngram-gpu --spec-full-graphs --spec-pad-drafts")
+        elif [ "${SPEC_RANK_METHOD:-draft}" = ngram ]; then ab+=(--ab "k$k=--ngram $k --ngram-gpu --spec-full-graphs --spec-pad-drafts${SPEC_RANK_SPEC_ARGS:+ $SPEC_RANK_SPEC_ARGS}")
         else ab+=(--ab "$(draft_ab "k$k" "$k")"); fi
       done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
@@ -208,7 +211,8 @@ run_one() {
         ngram_pad) vs+=(--ab "ngram${K}_pad=--ngram $K --spec-full-graphs --spec-pad-drafts") ;;
         ngram_gpu_pad) vs+=(--ab "ngram${K}_gpu_pad=--ngram $K --ngram-gpu --spec-full-graphs --spec-pad-drafts") ;;
         ngram_gpu_pad_unfused) vs+=(--ab "ngram${K}_gpu_pad_unfused=--ngram $K --ngram-gpu --spec-full-graphs --spec-pad-drafts --no-kda-verify-kernel") ;;
-        *) echo "checks.sh: SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad, ngram_gpu_pad and ngram_gpu_pad_unfused, got '$v'" >&2; return 2 ;;
+        ngram_gpu_pad_nosync) vs+=(--ab "ngram${K}_gpu_pad_nosync=--ngram $K --ngram-gpu --spec-full-graphs --spec-pad-drafts --spec-skip-draft-sync") ;;
+        *) echo "checks.sh: SPEC_E2E_VARIANTS takes ngram, ngram_full, ngram_pad, ngram_gpu_pad, ngram_gpu_pad_unfused and ngram_gpu_pad_nosync, got '$v'" >&2; return 2 ;;
       esac; done
       for k in ${SPEC_E2E_DRAFT_KS:-}; do vs+=(--ab "$(draft_ab "draft$k" "$k")"); done
       job "$j" python3 -m benchmarks.engine.perf --config rank --phase ab --only decode --decode-contexts 2048 \
@@ -222,7 +226,7 @@ run_one() {
           job "$j" python3 -m benchmarks.engine.perf --config rank --phase graphs --only prefill,profile --prefill-contexts 8192,32768 \
             --profile-prefill --keep-trace --variant prefill_profile --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${PP_EXTRA[@]}" ;;
     kda-verify) read -r -a KV_EXTRA <<< "${KDA_VERIFY_ARGS:-}"
-          job "$j" python3 -m benchmarks.kernels.kda_verify --out "$OUT/$j" "${KV_EXTRA[@]}" ;;
+          job "$j" python3 -m benchmarks.kernels.kda_verify --out "$OUT/$j" --deadline-s "$DEADLINE_S" "${KV_EXTRA[@]}" ;;
     moe-profile) read -r -a PROF_EXTRA <<< "${MOE_PROFILE_ARGS:-}"
           job "$j" python3 -m benchmarks.kernels.moe_profile --out "$OUT/$j" "${PROF_EXTRA[@]}" ;;
     spec) read -r -a SPEC_EXTRA <<< "${SPEC_ARGS:-}"

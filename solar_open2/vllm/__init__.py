@@ -76,10 +76,10 @@ def _share_vllm_logging()->None:
 _warned_version = False
 
 def register()->None:
-    "vLLM general plugin (`vllm.general_plugins`): register the config, the model classes, the KDA splitting ops, the config hook, the parsers; wrap the ngram proposers (`spec_pad_drafts`)."
+    "vLLM general plugin (`vllm.general_plugins`): register the config, the model classes, the KDA splitting ops, the config hook, the parsers; wrap the ngram proposers (`spec_pad_drafts`) and the GPU one's draft trim (`spec_skip_draft_sync`)."
     global _warned_version
     import vllm
-    from .config import SolarOpen2HFConfig, SolarOpen2ConfigHook, patch_ngram_proposer
+    from .config import SolarOpen2HFConfig, SolarOpen2ConfigHook, patch_ngram_proposer, patch_draft_trim
     from .compat import SUPPORTED, is_supported
     if not is_supported(vllm.__version__) and not _warned_version:
         _warned_version = True
@@ -91,5 +91,6 @@ def register()->None:
     _register_config_hook(SolarOpen2ConfigHook)
     patch_ngram_proposer((ARCH, PROBE_ARCH))                                  # acts only for our engines with spec_pad_drafts
     patch_ngram_proposer((ARCH, PROBE_ARCH), gpu=True)                        # and vLLM's GPU ngram proposer (ngram_gpu)
+    patch_draft_trim()                                                         # its runner's draft trim (acts with spec_skip_draft_sync)
     _register_parsers()
     _share_vllm_logging()

@@ -11,9 +11,10 @@ from ..config import SolarOpen2Config, REQUIRED_KEYS
 from .options import options_of
 
 # %% auto #0
-__all__ = ['F32_ENV', 'SPEC_DECODE_ERROR', 'RAGGED_PROPOSERS', 'PADDED_PROPOSERS', 'SPEC_STEP_COST', 'PAD_ARGS', 'PAD_ARGS_GPU',
-           'SolarOpen2HFConfig', 'solar_config_of', 'fp32_dots', 'refuse_speculative', 'spec_graphs_guard',
-           'SolarOpen2ConfigHook', 'spec_step_warning', 'pad_drafts', 'pad_drafts_gpu', 'pads_drafts',
+__all__ = ['F32_ENV', 'SPEC_DECODE_ERROR', 'RAGGED_PROPOSERS', 'PADDED_PROPOSERS', 'SPEC_STEP_COST', 'PAD_ARGS', 'TRIM_FN',
+           'TRIM_MODULES', 'DRAFT_SYNC', 'PAD_ARGS_GPU', 'SolarOpen2HFConfig', 'solar_config_of', 'fp32_dots',
+           'refuse_speculative', 'spec_graphs_guard', 'SolarOpen2ConfigHook', 'spec_step_warning', 'pad_drafts',
+           'pad_drafts_gpu', 'draft_trim_is_noop', 'patch_draft_trim', 'draft_sync_engine', 'pads_drafts',
            'patch_ngram_proposer']
 
 # %% ../../nbs/08_vllm/02_config.ipynb #ab45c962
@@ -185,18 +186,86 @@ def pad_drafts_gpu(drafts, # [reqs, k] int: each request's drafts, -1 after its 
                    last, # [reqs] int: each request's last token (its last sampled one)
                    num_tokens, # [reqs] int: each request's tokens so far, sampled ones counted, drafts not
                    max_model_len:int, # the engine's length limit
+                   every_row:bool=False, # fill the rows of requests that sampled nothing too (`spec_skip_draft_sync`)
                   ): # (drafts [reqs, k], num_valid [reqs]), dtypes kept
-    "`pad_drafts` on the GPU proposer's tensors: each decoding request's row filled to k (fewer only at the length limit)."
+    """`pad_drafts` on the GPU proposer's tensors: each decoding request's row filled to k (fewer only at the length
+    limit); with `every_row` every row, so that each count follows from the length limit alone."""
     import torch
     k = drafts.shape[1]
     room = (max_model_len - 1 - num_tokens.long()).clamp(0, k)                      # [reqs] positions before the limit
-    want = torch.where(sampled > 0, torch.maximum(room, num_valid.long()), num_valid.long())   # [reqs] own drafts kept
+    fills = (sampled > 0) | every_row                                                # [reqs] bool: rows to fill
+    want = torch.where(fills, torch.maximum(room, num_valid.long()), num_valid.long())   # [reqs] own drafts kept
     own_last = drafts.gather(1, (num_valid.long() - 1).clamp(min=0)[:, None])[:, 0]  # [reqs]
     fill = torch.where(num_valid > 0, own_last, last.to(drafts.dtype))              # [reqs]
     pos = torch.arange(k, device=drafts.device)[None, :]                            # [1, k]
     out = torch.where(pos < num_valid[:, None], drafts,
                       torch.where(pos < want[:, None], fill[:, None], drafts))      # [reqs, k]
     return out, want.to(num_valid.dtype)
+
+
+# %% ../../nbs/08_vllm/02_config.ipynb #d1480f5f
+TRIM_FN = "update_scheduler_for_invalid_drafts"                                  # vLLM's trim of a step's drafts
+TRIM_MODULES = ("vllm.v1.spec_decode.ngram_proposer_gpu", "vllm.v1.worker.gpu_model_runner")   # where it lives; where the runner imported it
+DRAFT_SYNC: dict = {}   # this process's engine with `spec_skip_draft_sync`: k, max_model_len, and the steps skipped and waited
+
+def draft_trim_is_noop(scheduler_output, # vLLM's `SchedulerOutput` of the step
+                       k:int, # drafts a request (the speculative config's)
+                       max_model_len:int, # the engine's length limit
+                      )->bool:
+    """Whether trimming the step's scheduled drafts to the proposer's counts can change nothing when every row is padded
+    to k: no request holds more than k drafts, and each that holds some is at least 2(k + 1) positions from the limit."""
+    cached, spec = scheduler_output.scheduled_cached_reqs, scheduler_output.scheduled_spec_decode_tokens
+    for rid, n in zip(cached.req_ids, cached.num_computed_tokens):
+        d = spec.get(rid)
+        if d and (len(d) > k or int(n) + len(d) + 2 * (k + 1) >= max_model_len - 1): return False
+    return True
+
+def _skipping_trim(trim):
+    "vLLM's `trim`, skipped in a step for which `DRAFT_SYNC` names an engine and `draft_trim_is_noop` holds."
+    import functools
+    @functools.wraps(trim)
+    def wrapped(event, counts_cpu, scheduler_output, *a, **kw):
+        if DRAFT_SYNC:
+            if draft_trim_is_noop(scheduler_output, DRAFT_SYNC["k"], DRAFT_SYNC["max_model_len"]):
+                DRAFT_SYNC["skipped"] += 1
+                return None
+            DRAFT_SYNC["waited"] += 1
+        return trim(event, counts_cpu, scheduler_output, *a, **kw)
+    wrapped._solar_open2_trim = trim
+    return wrapped
+
+def patch_draft_trim(modules:tuple|None=None, # module names; None: `TRIM_MODULES`
+                    )->int:
+    """Wrap `update_scheduler_for_invalid_drafts` in each of `modules` already imported, once each (where vLLM defines
+    it, and where the GPU model runner imported it by name); how many of them hold the wrapper now."""
+    import sys
+    n = 0
+    for name in (TRIM_MODULES if modules is None else modules):
+        m = sys.modules.get(name)
+        f = getattr(m, TRIM_FN, None)
+        if f is None: continue
+        if not hasattr(f, "_solar_open2_trim"): setattr(m, TRIM_FN, _skipping_trim(f))
+        n += 1
+    return n
+
+def draft_sync_engine(vllm_config, # the engine whose GPU ngram proposer is being built
+                      pads:bool, # whether its drafts are padded (`pads_drafts`)
+                      modules:tuple|None=None, # where to wrap vLLM's trim (`patch_draft_trim`)
+                     )->bool: # whether every row of its drafts is filled
+    """Called as a GPU ngram proposer is built: with `pads` and the option `spec_skip_draft_sync` on, the engine's k and
+    length limit go into `DRAFT_SYNC` and vLLM's trim is wrapped; otherwise `DRAFT_SYNC` is emptied (one engine a
+    process, as vLLM's GPU worker holds one)."""
+    DRAFT_SYNC.clear()
+    if not (pads and options_of(vllm_config).spec_skip_draft_sync): return False
+    log = logging.getLogger("solar_open2")
+    if patch_draft_trim(modules) == 0:
+        log.warning("solar_open2: this vLLM has no %s: spec_skip_draft_sync does nothing", TRIM_FN)
+        return False
+    k = int(vllm_config.speculative_config.num_speculative_tokens)
+    DRAFT_SYNC.update(k=k, max_model_len=int(vllm_config.model_config.max_model_len), skipped=0, waited=0)
+    log.info("solar_open2: spec_skip_draft_sync: no wait for the previous step's draft counts where every request with "
+             "drafts is at least %d positions from the length limit", 2 * (k + 1))
+    return True
 
 
 # %% ../../nbs/08_vllm/02_config.ipynb #96167298
@@ -207,14 +276,14 @@ def pads_drafts(vllm_config, archs:tuple)->bool:
 
 PAD_ARGS_GPU = ("num_tokens_no_spec", "token_ids_gpu", "valid_sampled_tokens_count")   # what the GPU proposer's padding reads
 
-def _pad_gpu_call(out, b:dict, max_model_len:int):
+def _pad_gpu_call(out, b:dict, max_model_len:int, every_row:bool=False):
     "`pad_drafts_gpu` of an `NgramProposerGPU.propose` call's result `out`, from its bound arguments `b`."
     drafts, num_valid = out
     cnt = b["valid_sampled_tokens_count"]                                           # [reqs]
     n = b["num_tokens_no_spec"] + cnt                                               # [reqs] the proposer wrote the sampled tokens in
     tok = b["token_ids_gpu"]                                                        # [reqs, max_len]
     last = tok.gather(1, (n.long() - 1).clamp(0, tok.shape[1] - 1)[:, None])[:, 0]  # [reqs]
-    return pad_drafts_gpu(drafts, num_valid, cnt, last, n, max_model_len)
+    return pad_drafts_gpu(drafts, num_valid, cnt, last, n, max_model_len, every_row)
 
 def patch_ngram_proposer(archs:tuple, # the plugin's architectures (`register` passes them)
                          cls=None, # the proposer class; None: vLLM's `NgramProposer` (`NgramProposerGPU` with `gpu`)
@@ -239,12 +308,13 @@ def patch_ngram_proposer(archs:tuple, # the plugin's architectures (`register` p
     def __init__(self, vllm_config, *a, **kw):
         self._solar_open2_pad = pads_drafts(vllm_config, archs)
         init(self, vllm_config, *a, **kw)
+        if gpu: self._solar_open2_every_row = draft_sync_engine(vllm_config, self._solar_open2_pad)
     @functools.wraps(propose)
     def wrapped(self, *a, **kw):
         out = propose(self, *a, **kw)
         if not getattr(self, "_solar_open2_pad", False): return out
         b = sig.bind(self, *a, **kw).arguments
-        if gpu: return _pad_gpu_call(out, b, self.max_model_len)
+        if gpu: return _pad_gpu_call(out, b, self.max_model_len, getattr(self, "_solar_open2_every_row", False))
         return pad_drafts(out, b["num_speculative_tokens"], b["sampled_token_ids"], b["num_tokens_no_spec"], self.max_model_len)
     cls.__init__, cls.propose, cls._solar_open2_pads = __init__, wrapped, True
     return True

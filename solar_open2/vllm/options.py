@@ -68,6 +68,8 @@ OPTIONS = (
            "a speculative config's uniform verify batches as full CUDA graphs; off: piecewise graphs whenever speculation is on (a full-graph mode asked for becomes PIECEWISE, with a warning)"),
     Option("spec_pad_drafts", False, ("spec_full_graphs",), "vLLM's ngram proposers (`NgramProposer`, `NgramProposerGPU`, patched at registration)", "vllm/config",
            "the ngram proposers' drafts (ngram, ngram_gpu) padded to k tokens a request (its own, then the last repeated), so that every decode step is a uniform verify in the full CUDA graph; off: a step in which no request drafts runs off the full graphs (49.4 against 6.26 ms at the rank config on an H100)"),
+    Option("spec_skip_draft_sync", False, ("spec_pad_drafts",), "vLLM's GPU ngram proposer (`ngram_gpu`) and its runner's draft trim (`update_scheduler_for_invalid_drafts`, patched at registration)", "vllm/config",
+           "drafts padded to k in every row of the GPU proposer, so that a step in which no request is near the length limit skips vLLM's wait for the previous step's draft counts (a trim that can change nothing) and prepares its inputs while the previous step runs; off: the wait, which idles the GPU while the host prepares each verify (H100 trace, 2026-12-08)"),
     Option("fp32_ieee_dots", True, (), "Triton (`TRITON_F32_DEFAULT`), a float32 model", "vllm/config",
            "a float32 model's Triton dots (vLLM's FLA KDA kernels, Triton attention and fused MoE, the plugin's) in IEEE fp32, as the reference computes, unless the environment names a precision; off: Triton's TF32 (top-20 logprobs 0.34 nats off at 700 tokens, H100)"),
 )

@@ -64,9 +64,41 @@ def summarize_trace(trace:dict, steps:int|None=None, top_n:int=25)->dict:
     return {"steps": n_steps, "kernel_us": round(total, 1), "gpu_span_us": round(span, 1), "gpu_busy_us": round(busy, 1),
             "gpu_busy_fraction": round(busy / span, 4) if span else None,
             "step_us": None if per(span) is None else round(per(span), 1),
+            "host_waits": host_waits(trace, n_steps),
             "families": fams,
             "top_kernels": [{"name": n[:160], "family": v[0], "count": v[1], "us": round(v[2], 1),
                              "avg_us": round(v[2] / v[1], 2)} for n, v in top]}
+
+SYNC_CALLS = re.compile(r"^cuda(Event|Stream|Device)Synchronize$")   # the CUDA runtime calls in which the host waits for the GPU
+
+def host_waits(trace:dict, steps:int|None=None, min_us:float=50.0)->dict:
+    """The host's waits for the GPU in a trace: the CUDA runtime's synchronize calls of at least `min_us` (a wait that
+    short is a check of work already done), their count and time in all and per step, the longest, and by call; and
+    the median time from a wait's end to the next graph launch, with the part of it the GPU sits idle."""
+    ev = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    w = [e for e in ev if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "cuda_runtime"
+         and SYNC_CALLS.match(str(e.get("name", ""))) and float(e.get("dur", 0.0)) >= min_us]
+    us = sum(float(e["dur"]) for e in w)
+    by = {}
+    for e in w:
+        b = by.setdefault(e["name"], {"calls": 0, "us": 0.0}); b["calls"] += 1; b["us"] = round(b["us"] + float(e["dur"]), 1)
+    # from the end of each wait to the host's next graph launch: the inputs' preparation, and how much of it the GPU
+    # spends idle (0 where the previous step's graph still runs meanwhile, all of it where the wait was for that graph)
+    gpu = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in ev if isinstance(e, dict)
+                 and e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    launches = sorted(float(e["ts"]) for e in ev if isinstance(e, dict) and e.get("ph") == "X"
+                      and e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch")
+    prep, idle = [], []
+    for e in w:
+        t0 = float(e["ts"]) + float(e["dur"])
+        t1 = next((t for t in launches if t > t0), None)
+        if t1 is None: continue
+        prep.append(t1 - t0)
+        idle.append(t1 - t0 - _busy_us([(max(a, t0), min(b, t1)) for a, b in gpu if b > t0 and a < t1]))
+    med = lambda v: round(statistics.median(v), 1) if v else None
+    return {"min_us": min_us, "calls": len(w), "us": round(us, 1), "us_per_step": round(us / steps, 1) if steps else None,
+            "longest_us": round(max((float(e["dur"]) for e in w), default=0.0), 1), "by_call": by,
+            "prep_after_wait_us": med(prep), "gpu_idle_in_prep_us": med(idle)}
 
 SEGMENT_KINDS = (("kda mixer", re.compile(r"gated_delta_rule|chunk_kda|kda_", re.I)),
                  ("attention mixer", re.compile(r"flash|attention|attn", re.I)),
