@@ -194,18 +194,22 @@ def test_checks_script_seeds_and_collects_autotuning_and_stops_stale_gpu_process
     cache = tmp_path / "cache"
     (cache / "def").mkdir(parents=True); (cache / "def" / "k.cubin").write_bytes(b"x")
     (cache / "def" / "chunk_gla_fwd_kernel_o.autotune.json").write_text("{}")   # tuned on this machine
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "AUTOTUNE_SEED": str(seed), "TRITON_CACHE_DIR": str(cache)}
+    plugin = tmp_path / "vllm-cache" / "solar_open2" / "triton"                 # the plugin's KDA warm-up's own cache
+    (plugin / "ghi").mkdir(parents=True); (plugin / "ghi" / "chunk_kda_fwd_kernel.autotune.json").write_text("{}")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "SITE": str(site), "AUTOTUNE_SEED": str(seed), "TRITON_CACHE_DIR": str(cache),
+           "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     try:
         r = subprocess.run(["bash", str(ROOT / "scripts/device/checks.sh"), "kda-verify"], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         assert stale.wait(timeout=10) == -9 and f"pids: {stale.pid}" in r.stdout, r.stdout
     finally:
         stale.kill()
-    assert (cache / "abc" / "kda_gate_fwd_kernel.autotune.json").exists() and not list(cache.rglob("h200_only_kernel*"))
-    assert "seeded Triton's cache with 1 autotuning results" in r.stdout, r.stdout
+    for d in (cache, plugin):                                                   # both caches seeded, with this card's only
+        assert (d / "abc" / "kda_gate_fwd_kernel.autotune.json").exists() and not list(d.rglob("h200_only_kernel*"))
+    assert "seeded Triton's caches with 1 autotuning results" in r.stdout, r.stdout
     got = tmp_path / "out" / "triton-autotune" / "NVIDIA_H100_80GB_HBM3"
     assert sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file()) == [
-        "abc/kda_gate_fwd_kernel.autotune.json", "def/chunk_gla_fwd_kernel_o.autotune.json"]
+        "abc/kda_gate_fwd_kernel.autotune.json", "def/chunk_gla_fwd_kernel_o.autotune.json", "ghi/chunk_kda_fwd_kernel.autotune.json"]
     assert "-m benchmarks.kernels.kda_verify" in log.read_text() and "--deadline-s 400" in log.read_text()   # the job's deadline
 
 

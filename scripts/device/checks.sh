@@ -81,9 +81,10 @@
 # Environment: SITE (default /root/site, where install-on-device.sh put vLLM), DEADLINE_S (each job's own deadline,
 # default 400). The Triton autotuning cache is kept between jobs on the same machine (TRITON_CACHE_AUTOTUNING=1).
 # Triton's autotuning results also travel between machines: at the end checks.sh copies every `*.autotune.json` of
-# its cache (TRITON_CACHE_DIR, default /root/triton-cache) into $OUT/triton-autotune/GPU/ (GPU: the card's name, e.g.
+# its cache (TRITON_CACHE_DIR, default /root/triton-cache) and of the plugin's own (VLLM_CACHE_ROOT/solar_open2/triton,
+# where the KDA warm-up tunes vLLM's FLA kernels) into $OUT/triton-autotune/GPU/ (GPU: the card's name, e.g.
 # NVIDIA_H100_80GB_HBM3; a few hundred kB). Keep that folder here as .stage-autotune/GPU/ and carry
-# ".stage-autotune" into the next call: checks.sh seeds the cache from the folder of this machine's card before the
+# ".stage-autotune" into the next call: checks.sh seeds both caches from the folder of this machine's card before the
 # jobs (AUTOTUNE_SEED, default .stage-autotune), so the fresh machine's engines skip the 120-200 s of cold autotuning
 # (Triton's key holds its own version, the backend's target, the kernel's source and the configs, so a stale file is
 # never used; only the card's own folder is seeded, so an H200 never runs an H100's picks).
@@ -104,16 +105,21 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr -c 'A-Za-z0-9_.\n-' '_')
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/root/triton-cache}
+# the plugin's KDA warm-up tunes vLLM's FLA kernels in a cache of its own (solar_open2.vllm.kda.stable_triton_cache)
+PLUGIN_TRITON=${VLLM_CACHE_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm}/solar_open2/triton
 SEED=${AUTOTUNE_SEED:-.stage-autotune}/$GPU_NAME
-if [ -n "$GPU_NAME" ] && [ -d "$SEED" ]; then
-  mkdir -p "$TRITON_CACHE_DIR" && cp -rn "$SEED"/. "$TRITON_CACHE_DIR"/ \
-    && echo "checks.sh: seeded Triton's cache with $(find "$SEED" -name '*.autotune.json' | wc -l) autotuning results from $SEED"
+if [ -n "$GPU_NAME" ] && [ -d "$SEED" ]; then                          # results are found by hash folder: both caches get all
+  for d in "$TRITON_CACHE_DIR" "$PLUGIN_TRITON"; do mkdir -p "$d" && cp -rn "$SEED"/. "$d"/; done
+  echo "checks.sh: seeded Triton's caches with $(find "$SEED" -name '*.autotune.json' | wc -l) autotuning results from $SEED"
 fi
 collect_autotune() {                                                  # every tuning result, by hash folder, for the next machine
-  [ -n "$GPU_NAME" ] && [ -d "$TRITON_CACHE_DIR" ] || return 0
-  local dest="$OUT/triton-autotune/$GPU_NAME"
-  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | while IFS= read -r -d '' f; do
-     mkdir -p "$dest/$(dirname "$f")" && cp "$f" "$dest/$f"; done)
+  [ -n "$GPU_NAME" ] || return 0
+  local dest="$OUT/triton-autotune/$GPU_NAME" d
+  for d in "$TRITON_CACHE_DIR" "$PLUGIN_TRITON"; do
+    [ -d "$d" ] || continue
+    (cd "$d" && find . -name '*.autotune.json' -print0 | while IFS= read -r -d '' f; do
+       mkdir -p "$dest/$(dirname "$f")" && cp "$f" "$dest/$f"; done)
+  done
   echo "checks.sh: $(find "$dest" -name '*.autotune.json' 2>/dev/null | wc -l) autotuning results in $dest (keep as .stage-autotune/$GPU_NAME)"
 }
 CHILD=
