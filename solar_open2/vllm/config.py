@@ -228,6 +228,8 @@ def _skipping_trim(trim):
         if DRAFT_SYNC:
             if draft_trim_is_noop(scheduler_output, DRAFT_SYNC["k"], DRAFT_SYNC["max_model_len"]):
                 DRAFT_SYNC["skipped"] += 1
+                if DRAFT_SYNC["skipped"] == 1:                                # the engine's log shows the option at work
+                    logging.getLogger("solar_open2").info("solar_open2: spec_skip_draft_sync: a step without the wait for draft counts")
                 return None
             DRAFT_SYNC["waited"] += 1
         return trim(event, counts_cpu, scheduler_output, *a, **kw)
